@@ -1,0 +1,110 @@
+"""The small interfaces the protocol talks to: environments, chat engines, verifiers.
+
+Engines and environments live in their own packages and satisfy these protocols
+structurally; the core never imports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from specagent.core.types import Message, Segment, ToolCall, ToolSpec, Usage, Verdict
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """Bytes a forward pass reads: the weights once, plus the KV cache of the context.
+
+    Used for the memory-traffic estimate of DESIGN §3. ``prefill_chunk`` is the number
+    of prompt tokens one prefill pass processes (engines prefill long prompts in chunks).
+    """
+
+    weight_bytes: int
+    kv_bytes_per_token: int
+    prefill_chunk: int = 8192
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One chat completion request: OpenAI messages, the tools to offer, a token budget."""
+
+    messages: Sequence[Message]
+    tools: Sequence[ToolSpec] = ()
+    max_tokens: int = 256
+    adapter: str | None = None  # a LoRA adapter name/path the engine knows, None = base weights
+
+
+@dataclass(frozen=True)
+class Completion:
+    """An engine's answer: the raw text, the parsed assistant message and the cost.
+
+    ``malformed`` is set (and ``message`` holds no tool calls) when the text tried to
+    call a tool but could not be parsed or validated; it is never an exception.
+    """
+
+    text: str
+    message: Message
+    usage: Usage
+    malformed: str | None = None
+    finish_reason: str = "stop"
+
+
+@runtime_checkable
+class ChatEngine(Protocol):
+    """A model behind chat-with-tools. Batched: one call may carry many requests."""
+
+    model_name: str
+    cost: ModelCost
+
+    def chat(self, requests: Sequence[ChatRequest]) -> list[Completion]: ...
+
+
+@dataclass(frozen=True)
+class Reward:
+    reward: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A tool domain with tasks. One episode at a time: ``reset`` starts a fresh state."""
+
+    name: str
+
+    def tool_specs(self) -> list[ToolSpec]: ...
+
+    def task_ids(self) -> list[str]: ...
+
+    def reset(self, task_id: str) -> list[Message]:
+        """Fresh state for the task; returns the opening messages (system policy + user request)."""
+        ...
+
+    def execute(self, call: ToolCall) -> str:
+        """Run one tool call. Errors (bad ids, policy violations) come back as text."""
+        ...
+
+    def is_terminal(self, call: ToolCall) -> bool:
+        """True for calls that end the conversation (e.g. a transfer to a human)."""
+        ...
+
+    def user_turn(self, reply: str) -> str | None:
+        """The user's answer to an agent message, or None when the conversation is over."""
+        ...
+
+    def reward(self, messages: Sequence[Message]) -> Reward: ...
+
+    def state_hash(self) -> str:
+        """Canonical hash of the current state (database)."""
+        ...
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """Judges a drafted segment in one prefill and says how long its valid prefix is."""
+
+    def verify(
+        self, context: Sequence[Message], tools: Sequence[ToolSpec], segment: Segment
+    ) -> tuple[Verdict, list[tuple[str, Usage]]]:
+        """Returns the verdict and the usage of each model call it made, as (model, usage)."""
+        ...
