@@ -1,0 +1,5 @@
+import sys
+
+from specagent.cli import main
+
+sys.exit(main())

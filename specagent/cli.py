@@ -1,0 +1,70 @@
+"""The one `specagent` command. One small function per subcommand; heavy imports inside."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from specagent.core.errors import ConfigError, EngineError, SpecAgentError, TaskFileError
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", help="YAML config (see configs/)")
+    parser.add_argument("--dump-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override config values")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Episodes of one mode on one environment: transcript, episodes.jsonl, summary."""
+    from specagent.config import RunConfig, dump_config, load_config
+
+    cfg = load_config(RunConfig, args.config, args.overrides)
+    if args.dump_config:
+        print(dump_config(cfg), end="")
+        return 0
+    from specagent.serve.runtime import run_from_config
+
+    run_from_config(cfg)
+    return 0
+
+
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
+    "run": (cmd_run, "run episodes in a mode (strong|weak|stepwise|specagent) on an environment"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specagent",
+        description="Trajectory-level speculation for tool-using agents: a weak model drafts, "
+        "a strong model reviews.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        _add_config_args(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = COMMANDS[args.command][0]
+    try:
+        return handler(args)
+    except (ConfigError, TaskFileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except EngineError as err:
+        print(f"error: engine failed: {err}", file=sys.stderr)
+        print("episodes finished so far are kept; rerun the same command to resume.", file=sys.stderr)
+        return 1
+    except SpecAgentError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; rerun the same command to resume.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Configuration: one pydantic schema per command; YAML gives values, `key.sub=value`
+overrides them, unknown keys are errors, and every problem is reported at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from specagent.core.errors import ConfigError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class EngineConfig(Strict):
+    """A model backend. Engines with the same backend/model/options are shared across roles."""
+
+    backend: Literal["transformers", "vllm", "openai", "scripted"] = "transformers"
+    model: str = "smollm2"  # hub id, local dir, .gguf path, or the `smollm2` alias (DESIGN §5)
+    gguf_file: Optional[str] = None
+    adapters: dict[str, str] = Field(default_factory=dict)  # LoRA name -> path, served side by side
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int = 0
+    max_model_len: int = Field(2048, gt=0)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    batch_size: int = Field(8, gt=0)
+    # vllm: passed to vllm.LLM unchanged (tensor_parallel_size, gpu_memory_utilization, ...)
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # openai-compatible endpoint
+    base_url: Optional[str] = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+    # scripted (tests only): `expert` replays the environment's gold solution, `reply` just answers
+    script: Literal["expert", "reply"] = "expert"
+
+    @model_validator(mode="after")
+    def _openai_needs_url(self) -> "EngineConfig":
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("backend 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        return self
+
+    def share_key(self) -> tuple:
+        """Roles whose engines have the same key get one engine instance."""
+        return tuple((k, repr(v)) for k, v in self.model_dump().items() if k != "adapters")
+
+
+class EnvConfig(Strict):
+    name: Literal["store"] = "store"
+    tasks_path: Optional[str] = None  # a JSONL task file instead of the built-in tasks
+    task_ids: Optional[list[str]] = None
+    limit: Optional[int] = Field(None, gt=0)  # the first N tasks
+    read_only: list[str] = Field(default_factory=list)  # user allow list (beats the environment)
+    write: list[str] = Field(default_factory=list)  # user deny list (beats the environment)
+    tool_timeout_s: float = Field(30.0, gt=0)
+
+
+class VerifierConfig(Strict):
+    kind: Literal["generative"] = "generative"
+    adapter: Optional[str] = None  # a verdict adapter name on the strong engine
+    max_tokens: int = Field(8, gt=0)
+
+
+class ProtocolSettings(Strict):
+    max_draft_steps: int = Field(4, gt=0)
+    max_steps: int = Field(16, gt=0)
+    max_tokens: int = Field(192, gt=0)
+
+
+class RunConfig(Strict):
+    """`specagent run`: episodes of one mode on one environment."""
+
+    mode: Literal["strong", "weak", "stepwise", "specagent"] = "specagent"
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    strong: EngineConfig = Field(default_factory=EngineConfig)
+    weak: EngineConfig = Field(default_factory=EngineConfig)
+    drafter_adapter: Optional[str] = None  # an adapter name on the weak engine
+    verifier: VerifierConfig = Field(default_factory=VerifierConfig)
+    protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
+    trials: int = Field(1, gt=0)
+    output_dir: str = "runs/run"
+    resume: bool = True
+    transcript: bool = True
+
+
+C = TypeVar("C", bound=BaseModel)
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    out = []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        key, raw = item.split("=", 1)
+        out.append((key.strip(), yaml.safe_load(raw) if raw != "" else None))
+    return out
+
+
+def format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: {len(err.errors())} problem(s) in the configuration:"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = "unknown key (check the spelling; --dump-config shows valid keys)" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"  - {where}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(schema: type[C], path: str | Path | None, overrides: list[str] = ()) -> C:
+    """YAML file -> dotted overrides -> validated config. Raises ConfigError listing every problem."""
+    tree: dict[str, Any] = {}
+    source = str(path) if path else "<defaults>"
+    if path is not None:
+        try:
+            tree = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    for key, value in parse_overrides(list(overrides)):
+        set_dotted(tree, key, value)
+    try:
+        return schema.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(format_errors(err, source)) from None
+
+
+def dump_config(config: BaseModel) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
