@@ -26,7 +26,7 @@ class EngineConfig(Strict):
     temperature: float = Field(0.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int = 0
-    max_model_len: int = Field(2048, gt=0)
+    max_model_len: int = Field(4096, gt=0)
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     batch_size: int = Field(8, gt=0)
     # vllm: passed to vllm.LLM unchanged (tensor_parallel_size, gpu_memory_utilization, ...)

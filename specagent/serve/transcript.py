@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,8 @@ from rich.table import Table
 
 from specagent.core.protocol import Episode
 
-console = Console(stderr=False, highlight=False)
+# Wide enough for the summary table when stdout is a file or a CI log.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 STATUS_STYLE = {
     "accepted": ("✓ accepted", "green"),

@@ -1,0 +1,38 @@
+"""Every shipped config validates; typos and bad values fail with every problem listed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specagent.config import RunConfig, load_config
+from specagent.core.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_CONFIGS = sorted((ROOT / "configs" / "run").glob("*.yaml")) + [ROOT / "configs" / "quickstart.yaml"]
+
+
+@pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
+def test_shipped_run_config_validates(path):
+    cfg = load_config(RunConfig, path)
+    assert cfg.mode in ("strong", "weak", "stepwise", "specagent")
+
+
+def test_every_config_file_is_covered():
+    all_yaml = set((ROOT / "configs").rglob("*.yaml"))
+    assert all_yaml == set(RUN_CONFIGS), "a config without a schema test: add it to the lists above"
+
+
+def test_all_problems_reported_together():
+    with pytest.raises(ConfigError) as err:
+        load_config(RunConfig, None, ["mode=fast", "env.limt=3", "protocol.max_steps=0", "strong.backend=openai"])
+    text = str(err.value)
+    assert "4 problem(s)" in text
+    for key in ("mode", "env.limt: unknown key", "protocol.max_steps", "base_url"):
+        assert key in text
+
+
+def test_overrides_are_yaml_typed():
+    cfg = load_config(RunConfig, None, ["env.limit=3", "env.read_only=[a, b]", "strong.temperature=0.7"])
+    assert cfg.env.limit == 3 and cfg.env.read_only == ["a", "b"] and cfg.strong.temperature == 0.7
