@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 SMOLLM2_ALIAS = "smollm2"
@@ -62,8 +63,13 @@ def materialize(model: str, gguf_file: str | None = None) -> str:
     quant = GgufConfig(dequantize=True)
     tok = AutoTokenizer.from_pretrained(source, gguf_file=gguf)
     net = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf, quantization_config=quant)
-    tmp = out.with_suffix(".partial")
+    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")  # per process: concurrent conversions don't mix
     net.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.rename(out)  # atomic: a killed conversion never leaves a half-written cache entry
+    try:
+        tmp.rename(out)  # atomic: a killed conversion never leaves a half-written cache entry
+    except OSError:
+        if not (out / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
     return str(out)
