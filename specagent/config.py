@@ -29,6 +29,7 @@ class EngineConfig(Strict):
     max_model_len: int = Field(4096, gt=0)
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     batch_size: int = Field(8, gt=0)
+    threads: Optional[int] = Field(None, gt=0)  # transformers: torch CPU threads (None: all cores)
     # vllm: passed to vllm.LLM unchanged (tensor_parallel_size, gpu_memory_utilization, ...)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     # openai-compatible endpoint

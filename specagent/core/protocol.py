@@ -92,6 +92,7 @@ class Episode:
     messages: list[Message] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     accepted_prefixes: list[int] = field(default_factory=list)
+    verdicts: list[str] = field(default_factory=list)  # the verifier's raw reply, per round
     ledger: Ledger = field(default_factory=Ledger)
     write_calls: list[str] = field(default_factory=list)
     reward: float = 0.0
@@ -207,6 +208,7 @@ class EpisodeRunner:
             for model, usage in usages:
                 ep.ledger.record(model, "verdict", usage, self._engine(model).cost)
             accepted = min(max(verdict.accepted, 0), len(steps))
+        ep.verdicts.append(verdict.raw if steps else "(nothing to verify)")
         ep.accepted_prefixes.append(accepted)
         for i, step in enumerate(segment.steps):
             if i < accepted and not step.held:

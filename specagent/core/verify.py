@@ -77,7 +77,7 @@ class GenerativeVerifier:
         steps = segment.verifiable
         request = ChatRequest(verify_messages(context, steps), tools, self.max_tokens, self.adapter)
         completion = self.engine.chat([request])[0]
-        text = completion.message.content or completion.text
-        accepted = parse_verdict(text, len(steps))
+        # A tool call is not a verdict: treat it as unparseable.
+        accepted = None if completion.message.tool_calls else parse_verdict(completion.text, len(steps))
         # Unparseable means reject everything: the strong model repairs the first step.
         return Verdict(accepted=accepted or 0, raw=completion.text), [("strong", completion.usage)]

@@ -21,7 +21,7 @@ def build_engine(cfg: Any, scripted_policy: Callable | None = None) -> ChatEngin
             return TransformersEngine(
                 model=cfg.model, gguf_file=cfg.gguf_file, adapters=dict(cfg.adapters), dtype=cfg.dtype,
                 temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                max_model_len=cfg.max_model_len, batch_size=cfg.batch_size,
+                max_model_len=cfg.max_model_len, batch_size=cfg.batch_size, threads=cfg.threads,
             )
         case "vllm":
             from specagent.engines.vllm_engine import VLLMEngine

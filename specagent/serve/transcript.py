@@ -26,7 +26,12 @@ STATUS_STYLE = {
 
 def print_transcript(ep: Episode, record: dict[str, Any] | None = None) -> None:
     console.rule(f"task {ep.task_id} · {ep.mode} · reward {ep.reward:g} · stop {ep.stop_reason}")
+    shown_round = -1
     for step in ep.steps:
+        if step.round != shown_round and step.round < len(ep.verdicts) and ep.mode == "specagent":
+            shown_round = step.round
+            verdict = ep.verdicts[step.round].replace("\n", " ")[:60]
+            console.print(f" r{step.round:<2} [dim]verdict {verdict!r} → accept {ep.accepted_prefixes[step.round]}[/dim]")
         label, style = STATUS_STYLE[step.status.value]
         held = " (held)" if step.kind.value in ("write", "reply") and step.source == "weak" else ""
         text = step.text.replace("\n", " ")
