@@ -22,6 +22,7 @@ from typing import Any, Literal, Sequence
 from specagent.core.accounting import Ledger
 from specagent.core.canonical import same_step
 from specagent.core.classify import classify_tools, drafted
+from specagent.core.draft import DraftJob, assign_call_ids, draft_batch
 from specagent.core.errors import ContextLengthExceeded
 from specagent.core.interfaces import ChatEngine, ChatRequest, Completion, Environment, Verifier
 from specagent.core.types import (
@@ -32,6 +33,7 @@ from specagent.core.types import (
     StepStatus,
     ToolCall,
     ToolSpec,
+    Usage,
 )
 
 Mode = Literal["strong", "weak", "stepwise", "specagent"]
@@ -227,20 +229,15 @@ class EpisodeRunner:
     # ------------------------------------------------------------------ pieces
     def _draft(self) -> Segment:
         """DRAFT: read-only steps are executed now; the first other step ends the draft."""
-        context = list(self.episode.messages)
         budget = min(self.config.max_draft_steps, self.config.max_steps - self._committed())
-        steps: list[DraftedStep] = []
-        for _ in range(max(budget, 1)):
-            completion = self._generate("weak", "draft", context)
-            step = drafted(completion.message, self.read_only, completion.malformed)
-            if step.kind is StepKind.READ:
-                observations = tuple(self._execute(call) for call in step.message.tool_calls)
-                step = replace(step, observations=observations)
-                context.extend([step.message, *observations])
-            steps.append(step)
-            if step.kind is not StepKind.READ:
-                break
-        return Segment(context_len=len(self.episode.messages), steps=tuple(steps))
+        job = DraftJob(self.episode.messages, self._execute, budget=max(budget, 1))
+        cost = self.models.weak.cost
+
+        def record(usage: Usage) -> None:
+            self.episode.ledger.record("weak", "draft", usage, cost)
+
+        return draft_batch(self.models.weak, [job], self.tools, self.read_only, self.config.max_tokens,
+                           self.models.weak_adapter, record)[0]
 
     def _engine(self, model: str) -> ChatEngine:
         return self.models.strong if model == "strong" else self.models.weak
@@ -252,9 +249,7 @@ class EpisodeRunner:
         request = ChatRequest(list(context), self.tools, self.config.max_tokens, adapter)
         completion = engine.chat([request])[0]
         self.episode.ledger.record(model, role, completion.usage, engine.cost)
-        position = len(context)
-        calls = tuple(replace(c, id=f"call_{position}_{j}") for j, c in enumerate(completion.message.tool_calls))
-        return replace(completion, message=replace(completion.message, tool_calls=calls))
+        return replace(completion, message=assign_call_ids(completion.message, len(context)))
 
     def _commit(
         self,

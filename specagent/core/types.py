@@ -151,6 +151,7 @@ class Segment:
 
     context_len: int
     steps: tuple[DraftedStep, ...]
+    ended_by: str = ""  # held | malformed | max_steps | unrecorded
 
     @property
     def verifiable(self) -> tuple[DraftedStep, ...]:

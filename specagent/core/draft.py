@@ -1,0 +1,75 @@
+"""DRAFT (DESIGN §1), batched: many contexts draft in lock-step, one engine call per depth.
+
+The runtime drafts one context at a time; mining drafts hundreds of cut points at once
+through the same function, so the drafting rules are written once:
+- a read-only step is executed as drafted and its observations join the context;
+- the first state-changing step (write call or reply) is held and ends the draft;
+- a malformed step ends the draft; so does the step budget;
+- a read-only call the environment cannot answer (``can_execute`` false: a call the
+  replay log never recorded) ends the draft without that step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from specagent.core.classify import drafted
+from specagent.core.interfaces import ChatEngine, ChatRequest
+from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall, ToolSpec, Usage
+
+
+def assign_call_ids(message: Message, position: int) -> Message:
+    """Call ids fixed by the message's position in the conversation, so that two runs
+    producing the same step produce the same bytes."""
+    calls = tuple(replace(c, id=f"call_{position}_{j}") for j, c in enumerate(message.tool_calls))
+    return replace(message, tool_calls=calls)
+
+
+@dataclass
+class DraftJob:
+    """One context to draft from, with how its read-only calls are executed."""
+
+    context: Sequence[Message]
+    execute: Callable[[ToolCall], Message]
+    budget: int = 4
+    can_execute: Callable[[ToolCall], bool] = lambda call: True
+
+
+ENDED_BY = {StepKind.WRITE: "held", StepKind.REPLY: "held", StepKind.MALFORMED: "malformed"}
+
+
+def draft_batch(
+    engine: ChatEngine,
+    jobs: Sequence[DraftJob],
+    tools: Sequence[ToolSpec],
+    read_only: dict[str, bool],
+    max_tokens: int,
+    adapter: str | None = None,
+    on_usage: Callable[[Usage], None] = lambda usage: None,
+) -> list[Segment]:
+    contexts = [list(job.context) for job in jobs]
+    steps: list[list[DraftedStep]] = [[] for _ in jobs]
+    ended = ["max_steps"] * len(jobs)
+    active = [i for i, job in enumerate(jobs) if job.budget > 0]
+    while active:
+        requests = [ChatRequest(contexts[i], tools, max_tokens, adapter) for i in active]
+        still = []
+        for i, completion in zip(active, engine.chat(requests)):
+            on_usage(completion.usage)
+            message = assign_call_ids(completion.message, len(contexts[i]))
+            step = drafted(message, read_only, completion.malformed)
+            if step.kind is StepKind.READ:
+                if not all(jobs[i].can_execute(call) for call in message.tool_calls):
+                    ended[i] = "unrecorded"
+                    continue
+                observations = tuple(jobs[i].execute(call) for call in message.tool_calls)
+                step = replace(step, observations=observations)
+                contexts[i].extend([message, *observations])
+            steps[i].append(step)
+            if step.kind is not StepKind.READ:
+                ended[i] = ENDED_BY[step.kind]
+            elif len(steps[i]) < jobs[i].budget:
+                still.append(i)
+        active = still
+    return [Segment(len(job.context), tuple(s), e) for job, s, e in zip(jobs, steps, ended)]
