@@ -29,8 +29,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
-    "run": (cmd_run, "run episodes in a mode (strong|weak|stepwise|specagent) on an environment"),
+def cmd_import(args: argparse.Namespace) -> int:
+    """Convert existing agent logs (OpenAI JSONL, tau-bench, tau2-bench) to trajectories.jsonl."""
+    from specagent.data.importers import import_trajectories
+
+    report = import_trajectories(args.inputs, fmt=args.format, out=args.out, tools_yaml=args.tools,
+                                 source=args.source, model=args.model)
+    print(report.summary())
+    return 0
+
+
+def _add_import_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", help="log files to import")
+    parser.add_argument("--format", "-f", default="auto", choices=["auto", "openai", "tau", "tau2"])
+    parser.add_argument("--out", "-o", required=True, help="trajectories.jsonl to write (all or nothing)")
+    parser.add_argument("--tools", help="YAML with tool schemas and read_only/write lists (configs/import/)")
+    parser.add_argument("--source", help="source name stored in each trajectory")
+    parser.add_argument("--model", help="model name stored in each trajectory")
+
+
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, Callable]] = {
+    "run": (cmd_run, "run episodes in a mode (strong|weak|stepwise|specagent) on an environment",
+            _add_config_args),
+    "import": (cmd_import, "import agent logs (OpenAI chat JSONL, tau-bench, tau2-bench) as trajectories.jsonl",
+               _add_import_args),
 }
 
 
@@ -41,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         "a strong model reviews.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (_, help_text) in COMMANDS.items():
-        _add_config_args(sub.add_parser(name, help=help_text, description=help_text))
+    for name, (_, help_text, add_args) in COMMANDS.items():
+        add_args(sub.add_parser(name, help=help_text, description=help_text))
     return parser
 
 
