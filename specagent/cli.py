@@ -39,6 +39,45 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_collect(args: argparse.Namespace) -> int:
+    """Run the strong model on an environment's tasks; write trajectories.jsonl."""
+    from specagent.config import CollectConfig, dump_config, load_config
+
+    cfg = load_config(CollectConfig, args.config, args.overrides)
+    if args.dump_config:
+        print(dump_config(cfg), end="")
+        return 0
+    from specagent.data.stage import collect_from_config
+
+    collect_from_config(cfg)
+    return 0
+
+
+def cmd_mine(args: argparse.Namespace) -> int:
+    """Drafted segments at every cut point of strong trajectories, labeled; HF datasets + card."""
+    from specagent.config import MineConfig, dump_config, load_config
+
+    cfg = load_config(MineConfig, args.config, args.overrides)
+    if args.dump_config:
+        print(dump_config(cfg), end="")
+        return 0
+    from specagent.data.mine import Shard
+    from specagent.data.stage import mine_from_config
+
+    try:
+        shard = Shard.parse(args.shard)
+    except ValueError as err:
+        raise ConfigError(f"--shard: {err}") from None
+    mine_from_config(cfg, shard, args.merge)
+    return 0
+
+
+def _add_mine_args(parser: argparse.ArgumentParser) -> None:
+    _add_config_args(parser)
+    parser.add_argument("--shard", default="0/1", help="mine only shard i of N (i/N); default: everything")
+    parser.add_argument("--merge", type=int, metavar="N", help="build the datasets from N finished shards")
+
+
 def _add_import_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", help="log files to import")
     parser.add_argument("--format", "-f", default="auto", choices=["auto", "openai", "tau", "tau2"])
@@ -51,6 +90,10 @@ def _add_import_args(parser: argparse.ArgumentParser) -> None:
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, Callable]] = {
     "run": (cmd_run, "run episodes in a mode (strong|weak|stepwise|specagent) on an environment",
             _add_config_args),
+    "collect": (cmd_collect, "run a strong model on an environment's tasks and write trajectories.jsonl",
+                _add_config_args),
+    "mine": (cmd_mine, "draft segments with the weak model at every cut point of strong runs, label them",
+             _add_mine_args),
     "import": (cmd_import, "import agent logs (OpenAI chat JSONL, tau-bench, tau2-bench) as trajectories.jsonl",
                _add_import_args),
 }

@@ -89,6 +89,46 @@ class RunConfig(Strict):
     transcript: bool = True
 
 
+class MineConfig(Strict):
+    """`specagent mine`: drafted segments at every cut point of strong trajectories, labeled."""
+
+    trajectories: str  # a trajectories.jsonl (from `specagent collect` or `specagent import`)
+    output_dir: str = "runs/mined"
+    drafter: EngineConfig = Field(default_factory=EngineConfig)
+    drafter_adapter: Optional[str] = None
+    env: Literal["replay", "store"] = "replay"  # replay the log, or a live environment
+    env_tasks_path: Optional[str] = None  # task file of the live environment
+    read_only: list[str] = Field(default_factory=list)
+    write: list[str] = Field(default_factory=list)
+    labelers: list[Literal["match", "judge"]] = Field(default_factory=lambda: ["match"], min_length=1)
+    judge: Optional[EngineConfig] = None  # the strong model, for the `judge` labeler
+    window: int = Field(4, gt=0)
+    max_draft_steps: int = Field(4, gt=0)
+    max_tokens: int = Field(192, gt=0)
+    validation_fraction: float = Field(0.2, ge=0.0, lt=1.0)
+    validation_tasks: Optional[list[str]] = None  # explicit validation tasks (beats the fraction)
+    stride: int = Field(1, gt=0)  # every k-th trajectory (e.g. 4: one trial per task of tau-bench runs)
+    limit: Optional[int] = Field(None, gt=0)  # then the first N trajectories
+    max_cuts_per_trajectory: Optional[int] = Field(None, gt=0)  # evenly spaced cut points
+
+    @model_validator(mode="after")
+    def _judge_needs_engine(self) -> "MineConfig":
+        if "judge" in self.labelers and self.judge is None:
+            raise ValueError("labeler 'judge' needs a `judge` engine (the strong model)")
+        return self
+
+
+class CollectConfig(Strict):
+    """`specagent collect`: the strong model's runs on an environment, as trajectories.jsonl."""
+
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    strong: EngineConfig = Field(default_factory=EngineConfig)
+    protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
+    trials: int = Field(1, gt=0)
+    output: str = "runs/collect/trajectories.jsonl"
+    min_reward: Optional[float] = None  # keep only runs at or above this reward
+
+
 C = TypeVar("C", bound=BaseModel)
 
 

@@ -5,6 +5,7 @@ through the same function, so the drafting rules are written once:
 - a read-only step is executed as drafted and its observations join the context;
 - the first state-changing step (write call or reply) is held and ends the draft;
 - a malformed step ends the draft; so does the step budget;
+- in a batch, a context that outgrows the model's window ends its own draft only;
 - a read-only call the environment cannot answer (``can_execute`` false: a call the
   replay log never recorded) ends the draft without that step.
 """
@@ -15,7 +16,8 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from specagent.core.classify import drafted
-from specagent.core.interfaces import ChatEngine, ChatRequest
+from specagent.core.errors import ContextLengthExceeded
+from specagent.core.interfaces import ChatEngine, ChatRequest, Completion
 from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall, ToolSpec, Usage
 
 
@@ -55,7 +57,10 @@ def draft_batch(
     while active:
         requests = [ChatRequest(contexts[i], tools, max_tokens, adapter) for i in active]
         still = []
-        for i, completion in zip(active, engine.chat(requests)):
+        for i, completion in zip(active, _chat_or_overflow(engine, requests, single=len(jobs) == 1)):
+            if completion is None:  # this context outgrew the model's window: the draft ends here
+                ended[i] = "context_length"
+                continue
             on_usage(completion.usage)
             message = assign_call_ids(completion.message, len(contexts[i]))
             step = drafted(message, read_only, completion.malformed)
@@ -73,3 +78,20 @@ def draft_batch(
                 still.append(i)
         active = still
     return [Segment(len(job.context), tuple(s), e) for job, s, e in zip(jobs, steps, ended)]
+
+
+def _chat_or_overflow(engine: ChatEngine, requests: list[ChatRequest], single: bool) -> list[Completion | None]:
+    """One batched call; if some prompt is too long, ask one by one and mark those None.
+    A single job (the runtime) lets the overflow propagate: the episode ends there."""
+    try:
+        return engine.chat(requests)
+    except ContextLengthExceeded:
+        if single:
+            raise
+    out: list[Completion | None] = []
+    for request in requests:
+        try:
+            out.append(engine.chat([request])[0])
+        except ContextLengthExceeded:
+            out.append(None)
+    return out

@@ -56,13 +56,20 @@ def needed_roles(mode: str) -> tuple[str, ...]:
     return {"strong": ("strong",), "weak": ("weak",)}.get(mode, ("strong", "weak"))
 
 
+def scripted_policy(env: Environment, configs) -> Any:
+    """The environment's expert as a fake model, when a role uses the scripted backend."""
+    if not any(c.backend == "scripted" for c in configs):
+        return None
+    if not hasattr(env, "task"):
+        raise ConfigError(f"the scripted backend needs an environment with an expert; {env.name!r} has none")
+    from specagent.envs.store.expert import expert_policy
+
+    return expert_policy(env)
+
+
 def build_models(cfg: RunConfig, env: Environment, pool: EnginePool, modes: tuple[str, ...]) -> Models:
     roles = sorted({role for mode in modes for role in needed_roles(mode)})
-    policy = None
-    if any(getattr(cfg, r).backend == "scripted" for r in roles):
-        from specagent.envs.store.expert import expert_policy
-
-        policy = expert_policy(env)
+    policy = scripted_policy(env, [getattr(cfg, r) for r in roles])
     engines = pool.for_roles({r: getattr(cfg, r) for r in roles}, scripted_policy=policy)
     strong = engines.get("strong")
     verifier = None

@@ -11,9 +11,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
 AIRLINE_YAML = ROOT / "configs" / "import" / "tau_airline_tools.yaml"
+# shared/ lies beside the checkout (as in CI: a clean clone with a copy of shared/ next to it)
 AIRLINE_RUNS = Path(
     os.environ.get(
-        "SPECAGENT_AIRLINE_RUNS", "/work/shared/data/tau-bench-airline/gpt-4o-trajectories-tasks-00-24.json"
+        "SPECAGENT_AIRLINE_RUNS",
+        ROOT.parent / "shared" / "data" / "tau-bench-airline" / "gpt-4o-trajectories-tasks-00-24.json",
     )
 )
 

@@ -1,0 +1,264 @@
+"""Build the HF datasets and the dataset card from mined shard files.
+
+Three `DatasetDict`s (train / validation, split by task: no task in both):
+- `segments`: every drafted segment with its labels (the raw material);
+- `drafter`: TRL conversational SFT examples (`messages`, `tools`), one per strong
+  trajectory; the assistant turns (the strong model's) are the targets;
+- `verdict`: the rendered verify prompt (`messages` + `tools`) with the index of each
+  drafted step's message and its label (for a verdict head), and `prompt`/`completion`
+  pairs whose completion is the concise verdict (for a generative verdict).
+
+Nested chat data is stored with `datasets.Json` so that tool schemas and arguments
+keep their exact shape (Arrow struct unification would add null fields).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from specagent.core.types import Message, Trajectory
+from specagent.core.verify import verify_messages
+from specagent.data.mine import Shard, step_from_json
+
+
+def canonical_arguments(arguments: dict[str, Any]) -> str:
+    """Tool-call arguments as the chat template renders them (compact, sorted keys), so a
+    JSON-string argument in a dataset renders to the same bytes as the runtime's dict."""
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def chat_json(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """OpenAI chat dicts with one fixed key set (Arrow-friendly) and canonical arguments."""
+    out = []
+    for m in messages:
+        calls = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": canonical_arguments(c.arguments)}}
+            for c in m.tool_calls
+        ]
+        row: dict[str, Any] = {"role": m.role, "content": m.content}
+        if calls:
+            row["tool_calls"] = calls
+        if m.tool_call_id is not None:
+            row["tool_call_id"] = m.tool_call_id
+        out.append(row)
+    return out
+
+
+def split_of(task_id: str, validation_tasks: Sequence[str] | None, fraction: float) -> str:
+    """Deterministic split by task: an explicit list, else a stable hash of the task id."""
+    if validation_tasks is not None:
+        return "validation" if str(task_id) in {str(t) for t in validation_tasks} else "train"
+    bucket = int.from_bytes(hashlib.sha256(str(task_id).encode()).digest()[:4], "big") % 10_000
+    return "validation" if bucket < fraction * 10_000 else "train"
+
+
+def read_shards(work_dir: Path, trajectories: Sequence[Trajectory], shard_count: int) -> list[dict[str, Any]]:
+    """All rows of all shards, in trajectory-file order; errors if a trajectory is missing."""
+    rows: dict[str, dict[str, Any]] = {}
+    for index in range(shard_count):
+        path = work_dir / Shard(index, shard_count).filename
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: shard {index}/{shard_count} has not been mined yet")
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            rows[row["trajectory_id"]] = row
+    missing = [t.id for t in trajectories if t.id not in rows]
+    if missing:
+        raise ValueError(f"{len(missing)} trajectories not mined yet (e.g. {missing[0]}); rerun the missing shard(s)")
+    return [rows[t.id] for t in trajectories]
+
+
+def drafter_rows(trajectories: Sequence[Trajectory], split: dict[str, str]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {"train": [], "validation": []}
+    for t in trajectories:
+        out[split[t.task_id]].append({
+            "messages": chat_json(t.messages),
+            "tools": [spec.to_openai() for spec in t.tools],
+            "trajectory_id": t.id,
+            "task_id": t.task_id,
+            "reward": t.reward,
+        })
+    return out
+
+
+def verdict_rows(segments: Sequence[dict[str, Any]], by_id: dict[str, Trajectory], split: dict[str, str]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {"train": [], "validation": []}
+    for seg in segments:
+        traj = by_id[seg["trajectory_id"]]
+        steps = [step_from_json(s) for s in seg["steps"]]
+        verifiable = [s for s in steps if s.kind.value != "malformed"]
+        if not verifiable:
+            continue
+        context = traj.messages[: seg["cut"]]
+        messages = verify_messages(context, verifiable)
+        indices = [len(context) + sum(1 + max(len(s.observations), len(s.message.tool_calls)) for s in verifiable[:j])
+                   for j in range(len(verifiable))]
+        labels = seg["labels"][: len(verifiable)]
+        out[split[traj.task_id]].append({
+            "segment_id": seg["id"],
+            "task_id": traj.task_id,
+            "messages": chat_json(messages),
+            "tools": [spec.to_openai() for spec in traj.tools],
+            "step_message_indices": indices,
+            "labels": labels,
+            "prompt": chat_json(messages),
+            "completion": [{"role": "assistant", "content": str(sum(labels))}],
+        })
+    return out
+
+
+def segment_rows(segments: Sequence[dict[str, Any]], split: dict[str, str]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {"train": [], "validation": []}
+    for seg in segments:
+        out[split[seg["task_id"]]].append({
+            "id": seg["id"], "trajectory_id": seg["trajectory_id"], "task_id": seg["task_id"], "cut": seg["cut"],
+            "steps": seg["steps"], "ended_by": seg["ended_by"], "labels": seg["labels"],
+            "label_source": seg["label_source"], "reference": seg["reference"],
+            "accepted": sum(seg["labels"]), "num_steps": len(seg["steps"]),
+        })
+    return out
+
+
+def to_dataset_dict(rows: dict[str, list[dict]], json_columns: Sequence[str]):
+    from datasets import Dataset, DatasetDict, Features, Json, List, Value
+
+    out = {}
+    for name, split_rows in rows.items():
+        if not split_rows:
+            continue
+        sample = split_rows[0]
+        features = {}
+        for key, value in sample.items():
+            if key in json_columns:
+                features[key] = List(Json())
+            elif key in ("labels", "step_message_indices"):
+                features[key] = List(Value("int64"))
+            elif isinstance(value, bool):
+                features[key] = Value("bool")
+            elif isinstance(value, int):
+                features[key] = Value("int64")
+            elif isinstance(value, float) or value is None:
+                features[key] = Value("float64")
+            else:
+                features[key] = Value("string")
+        columns = {k: [r[k] for r in split_rows] for k in sample}
+        out[name] = Dataset.from_dict(columns, features=Features(features))
+    return DatasetDict(out)
+
+
+def segment_stats(segments: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Mining figures with the metric definitions of DESIGN §3 (labels = accepted)."""
+    drafted = accepted = 0
+    by_position: dict[int, Counter] = defaultdict(Counter)
+    by_tool: dict[str, Counter] = defaultdict(Counter)
+    ended = Counter(s["ended_by"] for s in segments)
+    for seg in segments:
+        for pos, (step, label) in enumerate(zip(seg["steps"], seg["labels"]), 1):
+            drafted += 1
+            accepted += label
+            by_position[pos].update(drafted=1, accepted=label)
+            names = [c["function"]["name"] for c in step["message"].get("tool_calls") or []] or [step["kind"]]
+            for name in names:
+                by_tool[name].update(drafted=1, accepted=label)
+
+    def rate(c: Counter) -> dict[str, Any]:
+        return {"drafted": c["drafted"], "accepted": c["accepted"],
+                "rate": c["accepted"] / c["drafted"] if c["drafted"] else None}
+
+    prefixes = [sum(s["labels"]) for s in segments]
+    return {
+        "segments": len(segments),
+        "drafted_steps": drafted,
+        "accepted_steps": accepted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_accepted_prefix": sum(prefixes) / len(prefixes) if prefixes else None,
+        "label_balance": {"valid": accepted, "invalid": drafted - accepted},
+        "ended_by": dict(sorted(ended.items())),
+        "by_position": {str(k): rate(v) for k, v in sorted(by_position.items())},
+        "by_tool": {k: rate(v) for k, v in sorted(by_tool.items())},
+    }
+
+
+def finalize(
+    trajectories: Sequence[Trajectory],
+    work_dir: Path,
+    out_dir: Path,
+    shard_count: int,
+    validation_tasks: Sequence[str] | None,
+    validation_fraction: float,
+    config: dict[str, Any],
+    versions: dict[str, Any],
+) -> dict[str, Any]:
+    """Shard files -> `segments`, `drafter`, `verdict` datasets + `stats.json` + README card.
+    The same shard contents always give the same datasets, however they were mined."""
+    rows = read_shards(work_dir, trajectories, shard_count)
+    segments = [seg for row in rows for seg in row["segments"]]
+    split = {t.task_id: split_of(t.task_id, validation_tasks, validation_fraction) for t in trajectories}
+    by_id = {t.id: t for t in trajectories}
+    built = {
+        "segments": to_dataset_dict(segment_rows(segments, split), ("steps", "reference")),
+        "drafter": to_dataset_dict(drafter_rows(trajectories, split), ("messages", "tools")),
+        "verdict": to_dataset_dict(verdict_rows(segments, by_id, split), ("messages", "tools", "prompt", "completion")),
+    }
+    for name, dataset in built.items():
+        dataset.save_to_disk(str(out_dir / name))
+    stats = {
+        "trajectories": len(trajectories),
+        "tasks": {s: sorted({t for t, v in split.items() if v == s}) for s in ("train", "validation")},
+        "rows": {name: {k: len(v) for k, v in d.items()} for name, d in built.items()},
+        "all": segment_stats(segments),
+        "train": segment_stats([s for s in segments if split[s["task_id"]] == "train"]),
+        "validation": segment_stats([s for s in segments if split[s["task_id"]] == "validation"]),
+        "seconds_in_engines": sum(r["seconds_in_engines"] for r in rows),
+        "wall_seconds": sum(r.get("wall_seconds", 0.0) for r in rows),
+        "config": config,
+        "versions": versions,
+    }
+    (out_dir / "stats.json").write_text(json.dumps(stats, indent=2))
+    (out_dir / "README.md").write_text(dataset_card(stats))
+    return stats
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def dataset_card(stats: dict[str, Any]) -> str:
+    a = stats["all"]
+    engine, wall = stats["seconds_in_engines"], stats["wall_seconds"]
+    lines = [
+        "# specagent mined segments",
+        "",
+        f"Drafter `{stats['config'].get('drafter', {}).get('model', '?')}` on {stats['trajectories']} strong trajectories "
+        f"(`{stats['config'].get('trajectories')}`), labeler `{stats['config'].get('labelers')}`, "
+        f"environment `{stats['config'].get('env')}`.",
+        "",
+        "## Counts",
+        "",
+        "| split | tasks | segments | drafter rows | verdict rows | drafted steps | valid | acceptance | mean accepted prefix |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for split in ("train", "validation"):
+        s = stats[split]
+        lines.append(
+            f"| {split} | {len(stats['tasks'][split])} | {s['segments']} | {stats['rows']['drafter'].get(split, 0)} | "
+            f"{stats['rows']['verdict'].get(split, 0)} | {s['drafted_steps']} | {s['accepted_steps']} | "
+            f"{_pct(s['acceptance_rate'])} | {s['mean_accepted_prefix'] or 0:.2f} |"
+        )
+    lines += ["", f"Label balance (all): {a['label_balance']['valid']} valid / {a['label_balance']['invalid']} invalid.", "",
+              "## How drafts ended", "", "| ended by | segments |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in a["ended_by"].items()]
+    lines += ["", "`unrecorded`: the drafter made a read-only call the log never recorded (replay mode); the draft ends there.",
+              "", "## Acceptance by step position", "", "| position | drafted | accepted | rate |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['drafted']} | {v['accepted']} | {_pct(v['rate'])} |" for k, v in a["by_position"].items()]
+    lines += ["", "## Acceptance by tool (or step kind)", "", "| tool | drafted | accepted | rate |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['drafted']} | {v['accepted']} | {_pct(v['rate'])} |" for k, v in a["by_tool"].items()]
+    lines += ["", "## Time", "",
+              f"Wall time mining: {wall:.1f} s; inside the engines: {engine:.1f} s ({_pct(engine / wall if wall else None)}).",
+              "", "## Config", "", "```json", json.dumps(stats["config"], indent=2), "```", "",
+              "## Versions", "", "```json", json.dumps(stats["versions"], indent=2), "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,261 @@
+"""`specagent mine`: the weak drafter's own segments at every cut point of strong runs, labeled.
+
+For each trajectory and each assistant step of the strong model (a cut point), the
+drafter drafts from the context before it under the DRAFT rules (core/draft.py):
+read-only steps executed (replayed from the log, or run for real in a live
+environment restored to the cut point), the first state-changing step held. Every
+drafted step is then labeled (`match`, `judge`), prefix-closed.
+
+Work is done one trajectory at a time (all its cut points in one batched draft) and
+appended to a shard file, one line per finished trajectory: a killed run resumes at
+the next trajectory, and `--shard i/N` splits trajectories by a stable hash so that N
+machines mine in parallel and `finalize` builds the same datasets from the shard
+files as one run would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tqdm import tqdm
+
+from specagent.core.classify import classify_tools
+from specagent.core.draft import DraftJob, draft_batch
+from specagent.core.interfaces import ChatEngine, Environment
+from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall, Trajectory, Usage
+from specagent.data.labelers import judge_labels, match_labels, reference_steps
+
+SEGMENT_FORMAT = "specagent.segment/v1"
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> "Shard":
+        try:
+            i, n = (int(x) for x in text.split("/"))
+        except ValueError:
+            raise ValueError(f"shard {text!r} must look like i/N, e.g. 0/4") from None
+        if not (n > 0 and 0 <= i < n):
+            raise ValueError(f"shard {text!r}: need 0 <= i < N")
+        return cls(i, n)
+
+    def owns(self, trajectory_id: str) -> bool:
+        digest = hashlib.sha256(trajectory_id.encode()).digest()
+        return int.from_bytes(digest[:8], "big") % self.count == self.index
+
+    @property
+    def filename(self) -> str:
+        return f"shard-{self.index:03d}-of-{self.count:03d}.jsonl"
+
+
+@dataclass
+class MineSettings:
+    labelers: tuple[str, ...] = ("match",)
+    window: int = 4
+    max_draft_steps: int = 4
+    max_tokens: int = 192
+    drafter_adapter: str | None = None
+    read_only: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    judge_max_tokens: int = 8
+    max_cuts: int | None = None
+
+
+@dataclass
+class MineStats:
+    seconds_in_engines: float = 0.0
+    draft_calls: int = 0
+    draft_tokens: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------- environments at a cut point
+
+def replay_jobs(env: Any, traj: Trajectory, cuts: Sequence[int], budget: int) -> list[DraftJob]:
+    """Draft jobs over a ReplayEnv: each cut point sees the recorded state at that point."""
+    env.reset(traj.id)
+
+    def at(cut: int) -> tuple[Callable[[ToolCall], Message], Callable[[ToolCall], bool]]:
+        def execute(call: ToolCall) -> Message:
+            env.seek(cut)
+            return Message(role="tool", content=env.execute(call), tool_call_id=call.id, name=call.name)
+
+        def can_execute(call: ToolCall) -> bool:
+            env.seek(cut)
+            return env.is_recorded(call)
+
+        return execute, can_execute
+
+    jobs = []
+    for cut in cuts:
+        execute, can = at(cut)
+        jobs.append(DraftJob(traj.messages[:cut], execute, budget, can))
+    return jobs
+
+
+def live_jobs(make_env: Callable[[], Environment], traj: Trajectory, cuts: Sequence[int], budget: int,
+              read_only: dict[str, bool]) -> list[DraftJob]:
+    """Draft jobs in a live environment: a fresh one per cut point, restored by replaying
+    the trajectory's state-changing calls before the cut; drafted lookups run for real."""
+    jobs = []
+    for cut in cuts:
+        env = make_env()
+        env.reset(traj.task_id)
+        for message in traj.messages[:cut]:
+            for call in message.tool_calls:
+                if not read_only.get(call.name, False):
+                    env.execute(call)
+
+        def execute(call: ToolCall, env: Environment = env) -> Message:
+            return Message(role="tool", content=env.execute(call), tool_call_id=call.id, name=call.name)
+
+        jobs.append(DraftJob(traj.messages[:cut], execute, budget))
+    return jobs
+
+
+# --------------------------------------------------------------------- one trajectory
+
+def cut_points(traj: Trajectory, max_cuts: int | None = None) -> list[int]:
+    """Indices of the strong model's assistant messages (after the opening user turn);
+    with ``max_cuts``, that many evenly spaced ones (deterministic)."""
+    first_user = next((i for i, m in enumerate(traj.messages) if m.role == "user"), len(traj.messages))
+    cuts = [i for i, m in enumerate(traj.messages) if m.role == "assistant" and i > first_user]
+    if max_cuts is None or len(cuts) <= max_cuts:
+        return cuts
+    return [cuts[round(k * (len(cuts) - 1) / max(max_cuts - 1, 1))] for k in range(max_cuts)]
+
+
+def step_json(step: DraftedStep) -> dict[str, Any]:
+    return {
+        "message": step.message.to_openai(),
+        "kind": step.kind.value,
+        "observations": [o.to_openai() for o in step.observations],
+        "malformed": step.malformed,
+    }
+
+
+def step_from_json(raw: dict[str, Any]) -> DraftedStep:
+    return DraftedStep(
+        message=Message.from_openai(raw["message"]),
+        kind=StepKind(raw["kind"]),
+        observations=tuple(Message.from_openai(o) for o in raw["observations"]),
+        malformed=raw["malformed"],
+    )
+
+
+def mine_trajectory(
+    traj: Trajectory,
+    drafter: ChatEngine,
+    jobs_for: Callable[[Trajectory, Sequence[int]], list[DraftJob]],
+    settings: MineSettings,
+    stats: MineStats,
+    judge: ChatEngine | None = None,
+) -> list[dict[str, Any]]:
+    """Segments for every cut point of one trajectory, drafted in one batch, labeled."""
+    cuts = cut_points(traj, settings.max_cuts)
+    if not cuts:
+        return []
+    read_only = classify_tools(traj.tools, settings.read_only, settings.write)
+
+    def on_usage(usage: Usage) -> None:
+        stats.seconds_in_engines += usage.seconds
+        stats.draft_calls += 1
+        stats.draft_tokens += usage.completion_tokens
+
+    segments = draft_batch(drafter, jobs_for(traj, cuts), traj.tools, read_only, settings.max_tokens,
+                           settings.drafter_adapter, on_usage)
+    references = [reference_steps(traj.messages, cut) for cut in cuts]
+    labels: dict[str, list[list[int]]] = {}
+    if "match" in settings.labelers:
+        labels["match"] = [match_labels(seg.steps, ref, read_only, settings.window)
+                           for seg, ref in zip(segments, references)]
+    if "judge" in settings.labelers:
+        if judge is None:
+            raise ValueError("the judge labeler needs a judge engine (mine config: judge)")
+        start = time.perf_counter()
+        judged = judge_labels(judge, [(traj.messages[:c], s.steps, r) for c, s, r in zip(cuts, segments, references)],
+                              traj.tools, settings.judge_max_tokens)
+        stats.seconds_in_engines += time.perf_counter() - start
+        labels["judge"] = [j[0] for j in judged]
+    records = []
+    for n, (cut, seg, ref) in enumerate(zip(cuts, segments, references)):
+        records.append(segment_record(traj, cut, seg, ref, {k: v[n] for k, v in labels.items()}, settings))
+    return records
+
+
+def segment_record(traj: Trajectory, cut: int, seg: Segment, reference: list[Message],
+                   labels: dict[str, list[int]], settings: MineSettings) -> dict[str, Any]:
+    primary = settings.labelers[0]
+    return {
+        "format": SEGMENT_FORMAT,
+        "id": f"{traj.id}@{cut}",
+        "trajectory_id": traj.id,
+        "task_id": traj.task_id,
+        "cut": cut,
+        "steps": [step_json(s) for s in seg.steps],
+        "ended_by": seg.ended_by,
+        "labels": labels[primary],
+        "label_source": primary,
+        "all_labels": labels,
+        "reference": [m.to_openai() for m in reference[: settings.window]],
+        "strong_reward": traj.reward,
+    }
+
+
+# --------------------------------------------------------------------- the resumable loop
+
+def finished_ids(path: Path) -> set[str]:
+    """Trajectory ids already in a shard file; a torn last line is cut off."""
+    if not path.exists():
+        return set()
+    good, done = [], set()
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        good.append(line)
+        done.add(row["trajectory_id"])
+    path.write_text("".join(g + "\n" for g in good))
+    return done
+
+
+def mine_shard(
+    trajectories: Sequence[Trajectory],
+    drafter: ChatEngine,
+    jobs_for: Callable[[Trajectory, Sequence[int]], list[DraftJob]],
+    settings: MineSettings,
+    work_dir: Path,
+    shard: Shard = Shard(),
+    judge: ChatEngine | None = None,
+) -> tuple[Path, MineStats]:
+    """Mine this shard's trajectories into ``work_dir/shard-i-of-N.jsonl``, skipping done ones."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    path = work_dir / shard.filename
+    done = finished_ids(path)
+    mine = [t for t in trajectories if shard.owns(t.id) and t.id not in done]
+    stats = MineStats()
+    start = time.perf_counter()
+    with path.open("a") as sink:
+        for traj in tqdm(mine, desc=f"mining shard {shard.index}/{shard.count}", unit="traj"):
+            engine_before, traj_start = stats.seconds_in_engines, time.perf_counter()
+            segments = mine_trajectory(traj, drafter, jobs_for, settings, stats, judge)
+            row = {"trajectory_id": traj.id, "segments": segments,
+                   "seconds_in_engines": stats.seconds_in_engines - engine_before,
+                   "wall_seconds": time.perf_counter() - traj_start}
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            os.fsync(sink.fileno())
+    stats.extra["wall_seconds"] = time.perf_counter() - start
+    stats.extra["trajectories_mined_now"] = len(mine)
+    return path, stats

@@ -1,0 +1,109 @@
+"""Config glue for the data stage: `collect` and `mine` from their YAML configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from specagent.config import CollectConfig, EnvConfig, MineConfig, dump_config
+from specagent.core.classify import classify_tools
+from specagent.core.types import Trajectory
+from specagent.data.datasets import finalize
+from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, replay_jobs
+from specagent.data.trajectories import read_trajectories, write_trajectories
+from specagent.engines import EnginePool
+from specagent.serve.runtime import build_env, protocol_config, scripted_policy, select_tasks, versions
+
+
+def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None = None) -> dict[str, Any] | None:
+    """Mine one shard (and, unsharded, build the datasets); or with ``merge=N`` only build
+    the datasets from N finished shard files."""
+    trajectories = read_trajectories(cfg.trajectories)[:: cfg.stride][: cfg.limit]
+    out_dir, work_dir = Path(cfg.output_dir), Path(cfg.output_dir) / "shards"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "mine_config.yaml").write_text(dump_config(cfg))
+    if merge is None:
+        _mine(cfg, trajectories, work_dir, shard)
+        if shard.count > 1:
+            print(f"shard {shard.index}/{shard.count} done; when all are, run with --merge {shard.count}")
+            return None
+    count = merge or 1
+    stats = finalize(trajectories, work_dir, out_dir, count, cfg.validation_tasks, cfg.validation_fraction,
+                     cfg.model_dump(mode="json"), versions())
+    print(f"datasets: {out_dir}/segments, {out_dir}/drafter, {out_dir}/verdict   card: {out_dir}/README.md")
+    a = stats["all"]
+    print(f"segments {a['segments']}  drafted steps {a['drafted_steps']}  accepted {a['accepted_steps']}  "
+          f"acceptance {a['acceptance_rate'] or 0:.3f}  ended_by {a['ended_by']}")
+    return stats
+
+
+def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard: Shard) -> None:
+    settings = MineSettings(
+        labelers=tuple(cfg.labelers), window=cfg.window, max_draft_steps=cfg.max_draft_steps,
+        max_tokens=cfg.max_tokens, drafter_adapter=cfg.drafter_adapter, max_cuts=cfg.max_cuts_per_trajectory,
+        read_only=tuple(cfg.read_only), write=tuple(cfg.write),
+    )
+    if cfg.env == "replay":
+        from specagent.envs.replay import ReplayEnv
+
+        replay = ReplayEnv(trajectories, read_only=cfg.read_only, write=cfg.write)
+
+        def jobs_for(traj, cuts):
+            return replay_jobs(replay, traj, cuts, settings.max_draft_steps)
+    else:
+        env_cfg = EnvConfig(name=cfg.env, tasks_path=cfg.env_tasks_path)
+
+        def jobs_for(traj, cuts):
+            read_only = classify_tools(traj.tools, cfg.read_only, cfg.write)
+            return live_jobs(lambda: build_env(env_cfg), traj, cuts, settings.max_draft_steps, read_only)
+
+    pool = EnginePool()
+    try:
+        roles = {"drafter": cfg.drafter} | ({"judge": cfg.judge} if cfg.judge else {})
+        engines = pool.for_roles(roles)
+        mine_shard(trajectories, engines["drafter"], jobs_for, settings, work_dir, shard, engines.get("judge"))
+    finally:
+        pool.close()
+
+
+def collect_from_config(cfg: CollectConfig) -> Path:
+    """Strong-model runs on an environment, appended to a trajectories.jsonl (resumable)."""
+    from specagent.core.protocol import Models
+    from specagent.eval.episodes import run_tasks
+
+    env = build_env(cfg.env)
+    tasks = select_tasks(env, cfg.env)
+    out = Path(cfg.output)
+    episodes = out.with_name(out.stem + ".episodes.jsonl")
+    pool = EnginePool()
+    try:
+        strong = pool.for_roles({"strong": cfg.strong}, scripted_policy(env, [cfg.strong]))["strong"]
+        run_cfg = _as_run_config(cfg)
+        records = run_tasks(env, tasks, ["strong"], Models(strong=strong), protocol_config(run_cfg), episodes,
+                            trials=cfg.trials, model_names={"strong": strong.model_name})
+    finally:
+        pool.close()
+    read_only = classify_tools(env.tool_specs(), cfg.env.read_only, cfg.env.write)
+    tools = [spec.__class__(spec.name, spec.description, spec.parameters, read_only[spec.name])
+             for spec in env.tool_specs()]
+    trajectories = [
+        Trajectory.from_json({
+            "id": f"{env.name}:{r['task_id']}:{r['trial']}", "task_id": r["task_id"], "tools": [],
+            "messages": r["messages"], "reward": r["reward"], "source": f"collect:{env.name}",
+            "model": r["models"].get("strong", ""), "meta": {"stop_reason": r["stop_reason"]},
+        })
+        for r in records if cfg.min_reward is None or r["reward"] >= cfg.min_reward
+    ]
+    for t in trajectories:
+        t.tools = tools
+    write_trajectories(out, trajectories)
+    print(f"{len(trajectories)} trajectories -> {out} (mean reward "
+          f"{sum(t.reward or 0 for t in trajectories) / max(len(trajectories), 1):.2f})")
+    return out
+
+
+def _as_run_config(cfg: CollectConfig):
+    from specagent.config import RunConfig
+
+    return RunConfig(mode="strong", env=cfg.env, strong=cfg.strong, protocol=cfg.protocol)

@@ -1,0 +1,220 @@
+"""Mining: labels, resume-after-kill, shards, and datasets that TRL and a verdict head can use."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from specagent.core.classify import classify_tools
+from specagent.core.errors import EngineUnavailable
+from specagent.core.interfaces import ModelCost
+from specagent.core.protocol import Models, ProtocolConfig, run_episode
+from specagent.core.types import DraftedStep, Message, StepKind, ToolCall, Trajectory
+from specagent.data.datasets import finalize
+from specagent.data.labelers import match_labels, overlap_judge, prefix_closed
+from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, replay_jobs
+from specagent.engines.scripted import ScriptedEngine
+from specagent.envs.replay import ReplayEnv
+from specagent.envs.store import StoreEnv
+from specagent.envs.store.expert import expert_policy
+
+TASKS = ["lookup_01", "lookup_02", "single_write_01", "lookups_then_write_01", "policy_forbids_01", "multi_write_01"]
+
+
+@pytest.fixture(scope="module")
+def store_trajectories() -> list[Trajectory]:
+    env = StoreEnv()
+    expert = ScriptedEngine(expert_policy(env), "expert")
+    tools = env.tool_specs()
+    out = []
+    for task in TASKS:
+        ep = run_episode(env, task, "strong", Models(strong=expert), ProtocolConfig(max_steps=16))
+        out.append(Trajectory(f"store:{task}:0", task, tools, ep.messages, ep.reward, "test", "expert"))
+    return out
+
+
+def noisy_expert(env, every: int = 3):
+    """The expert, except that a deterministic share of steps become a wrong lookup or reply."""
+    policy = expert_policy(env)
+
+    def drafter(messages, tools):
+        h = int(hashlib.sha256(f"{len(messages)}{messages[1].content}".encode()).hexdigest(), 16)
+        if h % every == 0:
+            return Message(role="assistant", tool_calls=(ToolCall("x", "get_order_details", {"order_id": "W0000"}),))
+        if h % every == 1 and h % 2:
+            return Message(role="assistant", content="Your order is on its way.")
+        return policy(messages, tools)
+
+    return drafter
+
+
+def store_jobs(settings):
+    def jobs_for(traj, cuts):
+        read_only = classify_tools(traj.tools)
+        return live_jobs(StoreEnv, traj, cuts, settings.max_draft_steps, read_only)
+
+    return jobs_for
+
+
+def dataset_rows(out_dir: Path) -> dict:
+    from datasets import load_from_disk
+
+    return {name: {split: list(ds) for split, ds in load_from_disk(str(out_dir / name)).items()}
+            for name in ("segments", "drafter", "verdict")}
+
+
+def mine_all(trajs, out_dir, drafter, shards=1, settings=MineSettings()):
+    for i in range(shards):
+        mine_shard(trajs, drafter, store_jobs(settings), settings, out_dir / "shards", Shard(i, shards))
+    finalize(trajs, out_dir / "shards", out_dir, shards, ["single_write_01"], 0.0, {}, {})
+    return dataset_rows(out_dir)
+
+
+class Dies(ScriptedEngine):
+    def __init__(self, policy, calls):
+        super().__init__(policy)
+        self.left = calls
+
+    def chat(self, requests):
+        if self.left <= 0:
+            raise EngineUnavailable("engine died")
+        self.left -= 1
+        return super().chat(requests)
+
+
+def test_labels_mix_valid_and_invalid_and_are_prefix_closed(store_trajectories, tmp_path):
+    rows = mine_all(store_trajectories, tmp_path, ScriptedEngine(noisy_expert(StoreEnv())))
+    segments = rows["segments"]["train"] + rows["segments"]["validation"]
+    labels = [label for s in segments for label in s["labels"]]
+    assert 0 < sum(labels) < len(labels)
+    for s in segments:
+        assert s["labels"] == prefix_closed(s["labels"])
+    # no task in both splits, and the explicit validation task is the only one there
+    assert {s["task_id"] for s in rows["segments"]["validation"]} == {"single_write_01"}
+    assert "single_write_01" not in {s["task_id"] for s in rows["segments"]["train"]}
+
+
+def test_killed_mid_way_rerun_gives_identical_datasets(store_trajectories, tmp_path):
+    drafter = noisy_expert(StoreEnv())
+    once = mine_all(store_trajectories, tmp_path / "once", ScriptedEngine(drafter))
+    settings = MineSettings()
+    with pytest.raises(EngineUnavailable):
+        mine_shard(store_trajectories, Dies(drafter, 7), store_jobs(settings), settings, tmp_path / "again" / "shards")
+    shard_file = tmp_path / "again" / "shards" / Shard().filename
+    assert 0 < len(shard_file.read_text().splitlines()) < len(store_trajectories)
+    with shard_file.open("a") as f:
+        f.write('{"trajectory_id": "store:multi')  # a torn line from the kill
+    again = mine_all(store_trajectories, tmp_path / "again", ScriptedEngine(drafter))
+    assert again == once
+    ids = [s["id"] for split in again["segments"].values() for s in split]
+    assert len(ids) == len(set(ids))
+
+
+def test_shards_merge_into_the_single_run_dataset(store_trajectories, tmp_path):
+    drafter = noisy_expert(StoreEnv())
+    single = mine_all(store_trajectories, tmp_path / "one", ScriptedEngine(drafter))
+    sharded = mine_all(store_trajectories, tmp_path / "three", ScriptedEngine(drafter), shards=3)
+    assert sharded == single
+    owners = [[Shard(i, 3).owns(t.id) for i in range(3)] for t in store_trajectories]
+    assert all(sum(o) == 1 for o in owners)
+
+
+def test_live_environment_restores_state_at_the_cut(store_trajectories):
+    traj = next(t for t in store_trajectories if t.task_id == "multi_write_01")
+    cuts = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
+    jobs = live_jobs(StoreEnv, traj, cuts, 2, classify_tools(traj.tools))
+    # a lookup of the order after its first write must see the write's effect, before it not
+    writes = [i for i, m in enumerate(traj.messages) if m.tool_calls and not classify_tools(traj.tools)[m.tool_calls[0].name]]
+    assert writes, "the task has writes"
+    order_id = traj.messages[writes[0]].tool_calls[0].arguments.get("order_id")
+    lookup = ToolCall("q", "get_order_details", {"order_id": order_id})
+    before = next(j for j, c in zip(jobs, cuts) if c <= writes[0]).execute(lookup).content
+    after = next(j for j, c in zip(jobs, cuts) if c > writes[0]).execute(lookup).content
+    assert before != after
+
+
+def test_replay_mining_ends_drafts_at_unrecorded_calls(store_trajectories, tmp_path):
+    replay = ReplayEnv(store_trajectories)
+    settings = MineSettings()
+    drafter = ScriptedEngine(noisy_expert(StoreEnv(), every=2))
+    path, _ = mine_shard(store_trajectories, drafter, lambda t, c: replay_jobs(replay, t, c, 4), settings, tmp_path)
+    import json
+
+    ended = [s["ended_by"] for line in path.read_text().splitlines() for s in json.loads(line)["segments"]]
+    assert "unrecorded" in ended  # the wrong lookup W0000 was never recorded
+
+
+def step(message, kind):
+    return DraftedStep(message, kind)
+
+
+def test_match_labeler_allows_lookup_reordering_and_judges_replies():
+    ro = {"get": True, "cancel": False}
+    a = Message(role="assistant", tool_calls=(ToolCall("1", "get", {"id": 1}),))
+    b = Message(role="assistant", tool_calls=(ToolCall("2", "get", {"id": 2.0}),))
+    w = Message(role="assistant", tool_calls=(ToolCall("3", "cancel", {"id": 1}),))
+    reference = [a, b, w]
+    drafted = [step(Message(role="assistant", tool_calls=(ToolCall("9", "get", {"id": 2}),)), StepKind.READ),
+               step(a, StepKind.READ), step(w, StepKind.WRITE)]
+    assert match_labels(drafted, reference, ro) == [1, 1, 1]
+    wrong_args = step(Message(role="assistant", tool_calls=(ToolCall("3", "cancel", {"id": 7}),)), StepKind.WRITE)
+    assert match_labels([step(a, StepKind.READ), wrong_args], reference, ro) == [1, 0]
+    assert match_labels([step(w, StepKind.WRITE), step(a, StepKind.READ)], [w, a], ro) == [1, 0]
+    assert overlap_judge("Order W1007 is delivered.", "Your order W1007 has been delivered.")
+    assert not overlap_judge("Order W1008 is delivered.", "Your order W1007 has been delivered.")
+
+
+@pytest.mark.slow
+def test_sft_trainer_loads_the_drafter_dataset_as_is(store_trajectories, tmp_path):
+    """TRL's SFTTrainer takes the drafter set unchanged and trains on assistant tokens only."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    from specagent.engines.models import materialize
+    from specagent.engines.render import load_template
+
+    mine_all(store_trajectories, tmp_path, ScriptedEngine(noisy_expert(StoreEnv())))
+    data = load_from_disk(str(tmp_path / "drafter"))
+    tokenizer = AutoTokenizer.from_pretrained(materialize("smollm2"))
+    tokenizer.chat_template = load_template()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096)
+    model = LlamaForCausalLM(config)
+    args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=2, per_device_train_batch_size=1,
+                     assistant_only_loss=True, max_length=2048, report_to=[], save_strategy="no", use_cpu=True)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=data["train"], processing_class=tokenizer)
+    row = trainer.train_dataset[0]
+    masked = [t for t in row["labels"] if t != -100]  # TRL turns the assistant mask into labels
+    text = tokenizer.decode(masked)
+    assert "<tool_call>" in text and "You are an online store" not in text  # targets: assistant turns only
+    result = trainer.train()
+    assert result.global_step == 2
+
+
+@pytest.mark.slow
+def test_verdict_labels_sit_exactly_on_step_boundaries(store_trajectories, tmp_path):
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from specagent.data.verdict import IGNORE, token_labels
+    from specagent.engines.models import materialize
+
+    mine_all(store_trajectories, tmp_path, ScriptedEngine(noisy_expert(StoreEnv())))
+    verdict = load_from_disk(str(tmp_path / "verdict"))["train"]
+    example = max(verdict, key=lambda r: len(r["labels"]))
+    assert len(example["labels"]) >= 2
+    tokenizer = AutoTokenizer.from_pretrained(materialize("smollm2"))
+    out = token_labels(tokenizer, example)
+    marked = [i for i, label in enumerate(out["labels"]) if label != IGNORE]
+    assert [out["labels"][i] for i in marked] == example["labels"]
+    for position, index in zip(marked, example["step_message_indices"]):
+        assert tokenizer.decode(out["input_ids"][position]) == "<|im_end|>"
+        step = example["messages"][index]
+        before = tokenizer.decode(out["input_ids"][position - 12: position])
+        expected_tail = "</tool_call>" if step.get("tool_calls") else (step["content"] or "")[-8:]
+        assert before.endswith(expected_tail), (before, expected_tail)
+        # the token before the closing one belongs to the drafted step, the one after starts the next turn
+        assert tokenizer.decode(out["input_ids"][position + 1: position + 3]).startswith("\n<|im_start|>")
