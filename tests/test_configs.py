@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from specagent.config import RunConfig, load_config
+from specagent.config import CollectConfig, MineConfig, RunConfig, load_config
 from specagent.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_CONFIGS = sorted((ROOT / "configs" / "run").glob("*.yaml")) + [ROOT / "configs" / "quickstart.yaml"]
 # configs/import/*.yaml are tools files, validated in tests/data/test_schemas.py
 IMPORT_CONFIGS = sorted((ROOT / "configs" / "import").glob("*.yaml"))
+MINE_CONFIGS = sorted((ROOT / "configs" / "mine").glob("*.yaml"))
+COLLECT_CONFIGS = sorted((ROOT / "configs" / "collect").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
@@ -21,9 +23,20 @@ def test_shipped_run_config_validates(path):
     assert cfg.mode in ("strong", "weak", "stepwise", "specagent")
 
 
+@pytest.mark.parametrize("path", MINE_CONFIGS, ids=lambda p: p.name)
+def test_shipped_mine_config_validates(path):
+    assert load_config(MineConfig, path).labelers
+
+
+@pytest.mark.parametrize("path", COLLECT_CONFIGS, ids=lambda p: p.name)
+def test_shipped_collect_config_validates(path):
+    assert load_config(CollectConfig, path).output.endswith(".jsonl")
+
+
 def test_every_config_file_is_covered():
     all_yaml = set((ROOT / "configs").rglob("*.yaml"))
-    assert all_yaml == set(RUN_CONFIGS) | set(IMPORT_CONFIGS), "a config without a schema test: add it to the lists above"
+    covered = set(RUN_CONFIGS) | set(IMPORT_CONFIGS) | set(MINE_CONFIGS) | set(COLLECT_CONFIGS)
+    assert all_yaml == covered, "a config without a schema test: add it to the lists above"
 
 
 def test_all_problems_reported_together():
