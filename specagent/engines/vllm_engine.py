@@ -1,0 +1,267 @@
+"""A ChatEngine on offline vLLM: batched generation, prefix caching, many LoRA adapters at once.
+
+Prompts are rendered by specagent's one template (`render_prompt`) and tokenized here,
+so vLLM sees exactly the token ids the transformers engine and training see. One
+`chat` call is one `LLM.generate` batch; each request may name its own adapter, so the
+base model and several adapters answer side by side from one engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from specagent.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable
+from specagent.core.interfaces import ChatRequest, Completion, ModelCost
+from specagent.core.toolcalls import parse_assistant_text
+from specagent.core.types import Usage
+from specagent.engines.models import materialize
+from specagent.engines.render import render_prompt
+
+STOP_TOKEN = "<|im_end|>"
+
+
+class VLLMEngine:
+    """Chat with tools on `vllm.LLM`; greedy at temperature 0, else sampling seeded per request.
+
+    `model` is a hub id, a checkpoint dir, a `.gguf` path or the alias "smollm2" (GGUF
+    files are dequantized once, `models.materialize`). `adapters` maps names to peft
+    LoRA dirs; `ChatRequest.adapter` picks one by name (or by dir path, registered on
+    first use when LoRA is enabled). `engine_kwargs` go to `vllm.LLM` unchanged
+    (tensor_parallel_size, gpu_memory_utilization, enforce_eager, ...).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        gguf_file: str | None = None,
+        adapters: dict[str, str] | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        max_model_len: int = 2048,
+        max_loras: int = 4,
+        max_lora_rank: int = 16,
+        engine_kwargs: dict[str, Any] | None = None,
+        model_name: str | None = None,
+    ) -> None:
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        self.model_dir = materialize(model, gguf_file)
+        self.model_name = model_name or model
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = seed
+        self.max_model_len = max_model_len
+        self._requests_made = 0
+        kwargs: dict[str, Any] = dict(model=self.model_dir, max_model_len=max_model_len, seed=seed,
+                                      enable_prefix_caching=True, enable_lora=bool(adapters))
+        kwargs.update(engine_kwargs or {})
+        self.lora_enabled = bool(kwargs["enable_lora"])
+        self.lora_capacity = max(max_loras, len(adapters or {}))
+        if self.lora_enabled:
+            _check_ranks(adapters or {}, max_lora_rank)
+            # One slot more than adapters: vLLM-CPU's torch LoRA ops index the slot table with
+            # -1 for base-model rows, i.e. apply the LAST slot's adapter to them once every slot
+            # is occupied (GPU kernels skip -1). A slot never filled keeps mixed batches exact.
+            kwargs.setdefault("max_loras", self.lora_capacity + 1)
+            kwargs.setdefault("max_lora_rank", max_lora_rank)
+        self.llm: Any = LLM(**kwargs)
+        self.tokenizer = AutoTokenizer.from_pretrained(kwargs.get("tokenizer") or self.model_dir)
+        self._stop_ids = sorted(_stop_token_ids(self.tokenizer))
+        self._loras: dict[str, Any] = {}
+        for name, path in (adapters or {}).items():
+            self._register_adapter(name, path)
+        self.cost = engine_cost(self.llm, self.model_dir)
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        """Adapter names this engine serves, with their dirs."""
+        return {name: lora.lora_path for name, lora in self._loras.items()}
+
+    def chat(self, requests: Sequence[ChatRequest]) -> list[Completion]:
+        """Answer every request in one vLLM batch (base and adapters mixed)."""
+        if self.llm is None:
+            raise EngineUnavailable(f"{self.model_name}: the vLLM engine was closed")
+        if not requests:
+            return []
+        prompts = [self._prompt_ids(r) for r in requests]
+        loras = [self._lora_for(r.adapter) for r in requests]
+        params = [self._sampling_params(r) for r in requests]
+        began = time.perf_counter()
+        outputs = self._generate(prompts, params, loras)
+        share = (time.perf_counter() - began) / len(requests)
+        return [self._completion(r, out, share) for r, out in zip(requests, outputs)]
+
+    def close(self) -> None:
+        """Stop vLLM's engine-core and worker processes; the engine answers no more requests."""
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
+    def __enter__(self) -> "VLLMEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _prompt_ids(self, request: ChatRequest) -> list[int]:
+        text = render_prompt(self.tokenizer, request.messages, request.tools)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) + request.max_tokens > self.max_model_len:  # the transformers engine's rule
+            raise ContextLengthExceeded(
+                f"{self.model_name}: prompt of {len(ids)} tokens + max_tokens {request.max_tokens} = "
+                f"{len(ids) + request.max_tokens} exceeds max_model_len {self.max_model_len}; "
+                "shorten the context or lower max_tokens"
+            )
+        return ids
+
+    def _sampling_params(self, request: ChatRequest) -> Any:
+        from vllm import SamplingParams
+
+        # A fresh seed per sampled request: repeated prompts give different, reproducible samples.
+        seed = None if self.temperature <= 0 else self.seed + self._requests_made
+        self._requests_made += 1
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, max_tokens=request.max_tokens, seed=seed,
+            stop_token_ids=self._stop_ids, detokenize=False,  # decoded here, as the transformers engine does
+        )  # fmt: skip
+
+    def _lora_for(self, adapter: str | None) -> Any:
+        if adapter is None:
+            return None
+        if adapter in self._loras:
+            return self._loras[adapter]
+        if not self.lora_enabled:
+            raise EngineError(
+                f"{self.model_name}: request asks for adapter {adapter!r} but LoRA is off; "
+                "pass adapters={name: dir} (or engine_kwargs={'enable_lora': True}) when creating the engine"
+            )
+        if not os.path.isdir(adapter):
+            known = ", ".join(self._loras) or "none"
+            raise EngineError(f"{self.model_name}: unknown adapter {adapter!r} (known: {known}) and no such dir")
+        if len(self._loras) >= self.lora_capacity:
+            raise EngineError(
+                f"{self.model_name}: adapter {adapter!r} would be adapter number {len(self._loras) + 1}, "
+                f"beyond max_loras={self.lora_capacity}; raise max_loras (every adapter needs its own "
+                "slot, or base-model rows on vLLM-CPU pick up an adapter)"
+            )
+        return self._register_adapter(adapter, adapter)
+
+    def _register_adapter(self, name: str, path: str) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        lora = LoRARequest(name, len(self._loras) + 1, str(path))  # vLLM ids start at 1
+        self._loras[name] = lora
+        return lora
+
+    def _generate(self, prompts: list[list[int]], params: list[Any], loras: list[Any]) -> list[Any]:
+        try:
+            from vllm.v1.engine.exceptions import EngineDeadError
+        except ImportError:  # older vLLM layouts
+            EngineDeadError = RuntimeError  # noqa: N806
+        inputs = [{"prompt_token_ids": ids} for ids in prompts]
+        lora_request = loras if any(lora is not None for lora in loras) else None
+        try:
+            return self.llm.generate(inputs, params, lora_request=lora_request, use_tqdm=False)
+        except EngineDeadError as exc:
+            raise EngineUnavailable(f"{self.model_name}: the vLLM engine died: {exc}") from exc
+
+    def _completion(self, request: ChatRequest, output: Any, seconds: float) -> Completion:
+        generated = output.outputs[0]
+        ids = list(generated.token_ids)
+        stopped = bool(ids) and ids[-1] in self._stop_ids
+        text = self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
+        message, malformed = parse_assistant_text(text, request.tools)
+        usage = Usage(
+            prompt_tokens=len(output.prompt_token_ids),
+            cached_tokens=output.num_cached_tokens or 0,
+            completion_tokens=len(ids),
+            seconds=seconds,
+        )
+        return Completion(text=text, message=message, usage=usage, malformed=malformed,
+                          finish_reason=generated.finish_reason or "stop")
+
+
+def _stop_token_ids(tokenizer: Any) -> set[int]:
+    """<|im_end|> (the template's turn end) and the tokenizer's eos; vLLM adds the model's own eos."""
+    ids = {tokenizer.eos_token_id}
+    if STOP_TOKEN in tokenizer.get_vocab():
+        ids.add(tokenizer.convert_tokens_to_ids(STOP_TOKEN))
+    return {i for i in ids if isinstance(i, int)}
+
+
+def _check_ranks(adapters: dict[str, str], max_lora_rank: int) -> None:
+    """Fail early, with the fix, when an adapter's rank exceeds what the engine reserves."""
+    for name, path in adapters.items():
+        config = Path(path) / "adapter_config.json"
+        if not config.is_file():
+            continue  # a hub id: vLLM resolves and checks it
+        rank = json.loads(config.read_text()).get("r", 0)
+        if rank > max_lora_rank:
+            raise EngineError(f"adapter {name!r} ({path}) has rank {rank} > max_lora_rank {max_lora_rank}; "
+                              f"pass max_lora_rank={rank} or more")
+
+
+def engine_cost(llm: Any, model_dir: str) -> ModelCost:
+    """Bytes per forward pass of the model as vLLM runs it (its dtype, its KV-cache dtype)."""
+    import torch
+
+    model_config = llm.model_config
+    config = model_config.hf_config.get_text_config()
+    weight_element = torch.empty((), dtype=model_config.dtype).element_size()
+    cache_dtype = str(llm.llm_engine.vllm_config.cache_config.cache_dtype)
+    if cache_dtype == "auto":
+        kv_element = weight_element
+    elif cache_dtype.startswith("fp8"):
+        kv_element = 1
+    else:
+        kv_element = torch.empty((), dtype=getattr(torch, cache_dtype)).element_size()
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    chunk = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    return ModelCost(
+        weight_bytes=count_parameters(model_dir, config) * weight_element,
+        kv_bytes_per_token=2 * config.num_hidden_layers * kv_heads * head_dim * kv_element,
+        prefill_chunk=chunk or 8192,
+    )
+
+
+def count_parameters(model_dir: str, config: Any) -> int:
+    """Parameters of a checkpoint from its safetensors headers (no weights read); tied
+    embeddings count once. Hub ids ask the hub for the same numbers."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        from huggingface_hub import get_safetensors_metadata
+
+        return sum(get_safetensors_metadata(model_dir).parameter_count.values())
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    total = 0
+    for file in files:
+        for name, shape in _safetensors_shapes(file).items():
+            if not (tied and name.endswith("lm_head.weight")):
+                total += _product(shape)
+    return total
+
+
+def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    return {name: entry["shape"] for name, entry in header.items() if name != "__metadata__"}
+
+
+def _product(shape: Sequence[int]) -> int:
+    out = 1
+    for dim in shape:
+        out *= dim
+    return out
