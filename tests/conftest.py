@@ -38,6 +38,12 @@ def weather_chat(city: str) -> list[Message]:
     return [system, *shots, Message("user", f"What's the weather in {city}?")]
 
 
+def pytest_collection_modifyitems(config, items):
+    """vLLM tests last: its engine processes stay up until the session ends and would
+    otherwise compete for the two cores with every test after them."""
+    items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+
+
 def need_vllm() -> None:
     """Skip the calling test or fixture where vLLM is not installed."""
     if importlib.util.find_spec("vllm") is None:

@@ -113,7 +113,8 @@ def test_unknown_adapter_and_overlong_prompt_are_clear_errors(vllm_engine):
     chat = [Message("user", "hi")]
     with pytest.raises(EngineError, match="unknown adapter 'nope'"):
         vllm_engine.chat([ChatRequest(chat, adapter="nope")])
-    with pytest.raises(ContextLengthExceeded, match="exceeds max_model_len 2048"):
-        vllm_engine.chat([ChatRequest([Message("user", "word " * 2100)], max_tokens=8)])
+    limit = vllm_engine.max_model_len
+    with pytest.raises(ContextLengthExceeded, match=f"exceeds max_model_len {limit}"):
+        vllm_engine.chat([ChatRequest([Message("user", "word " * (limit + 50))], max_tokens=8)])
     [ok] = vllm_engine.chat([ChatRequest(chat, max_tokens=4)])  # the engine is still serving
     assert ok.usage.completion_tokens > 0
