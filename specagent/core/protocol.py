@@ -106,7 +106,7 @@ class Episode:
 
     def counts(self) -> dict[str, Any]:
         """The per-episode metrics of DESIGN §3."""
-        drafted = [s for s in self.steps if s.source == "weak"]
+        drafted = [s for s in self.steps if s.source == "weak" and s.status is not StepStatus.AUTHORED]
         accepted = [s for s in drafted if s.status in (StepStatus.ACCEPTED, StepStatus.HELD_APPROVED)]
         per_tool: dict[str, dict[str, int]] = {}
         for step in drafted:
