@@ -15,13 +15,21 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override config values")
 
 
+def _config(schema_name: str, args: argparse.Namespace):
+    """The validated config of a command, or None after printing it for --dump-config."""
+    import specagent.config as config
+
+    cfg = config.load_config(getattr(config, schema_name), args.config, args.overrides)
+    if args.dump_config:
+        print(config.dump_config(cfg), end="")
+        return None
+    return cfg
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Episodes of one mode on one environment: transcript, episodes.jsonl, summary."""
-    from specagent.config import RunConfig, dump_config, load_config
-
-    cfg = load_config(RunConfig, args.config, args.overrides)
-    if args.dump_config:
-        print(dump_config(cfg), end="")
+    cfg = _config("RunConfig", args)
+    if cfg is None:
         return 0
     from specagent.serve.runtime import run_from_config
 
@@ -41,11 +49,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_collect(args: argparse.Namespace) -> int:
     """Run the strong model on an environment's tasks; write trajectories.jsonl."""
-    from specagent.config import CollectConfig, dump_config, load_config
-
-    cfg = load_config(CollectConfig, args.config, args.overrides)
-    if args.dump_config:
-        print(dump_config(cfg), end="")
+    cfg = _config("CollectConfig", args)
+    if cfg is None:
         return 0
     from specagent.data.stage import collect_from_config
 
@@ -55,11 +60,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 def cmd_mine(args: argparse.Namespace) -> int:
     """Drafted segments at every cut point of strong trajectories, labeled; HF datasets + card."""
-    from specagent.config import MineConfig, dump_config, load_config
-
-    cfg = load_config(MineConfig, args.config, args.overrides)
-    if args.dump_config:
-        print(dump_config(cfg), end="")
+    cfg = _config("MineConfig", args)
+    if cfg is None:
         return 0
     from specagent.data.mine import Shard
     from specagent.data.stage import mine_from_config

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Iterable
 
 
 @dataclass(frozen=True)
@@ -211,3 +211,12 @@ class Trajectory:
             model=raw.get("model", ""),
             meta=raw.get("meta", {}),
         )
+
+
+def union_tools(trajectories: "Iterable[Trajectory]") -> list[ToolSpec]:
+    """Every tool of the trajectories, the first spec seen for each name."""
+    seen: dict[str, ToolSpec] = {}
+    for trajectory in trajectories:
+        for tool in trajectory.tools:
+            seen.setdefault(tool.name, tool)
+    return list(seen.values())

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 import jsonschema
 
 from specagent.core.errors import TaskFileError
-from specagent.core.types import Message, ToolCall, ToolSpec, Trajectory
+from specagent.core.types import Message, ToolCall, ToolSpec, Trajectory, union_tools
 from specagent.data.schemas import ToolsOverride, apply_override, infer_tool_specs, load_tools_file
 from specagent.data.trajectories import write_trajectories
 
@@ -185,7 +185,7 @@ def convert_files(
         trajectories=len(trajectories),
         messages=sum(len(t.messages) for t in trajectories),
         tool_calls=sum(len(m.tool_calls) for t in trajectories for m in t.messages),
-        tools=_union_tools(trajectories),
+        tools=union_tools(trajectories),
         inferred=inferred,
         skipped=skipped,
         warnings=warnings,
@@ -788,14 +788,6 @@ def _settle_tools(parsed: list[_Parsed], override: ToolsOverride | None) -> tupl
     explicit = {t.name for t in override.tools} if override is not None else set()
     names = [t.name for t in inferred if t.name not in explicit] if used_inferred else []
     return names, warnings
-
-
-def _union_tools(trajectories: Iterable[Trajectory]) -> list[ToolSpec]:
-    seen: dict[str, ToolSpec] = {}
-    for trajectory in trajectories:
-        for tool in trajectory.tools:
-            seen.setdefault(tool.name, tool)
-    return list(seen.values())
 
 
 def _duplicate_ids(parsed: list[_Parsed]) -> list[str]:

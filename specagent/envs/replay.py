@@ -42,7 +42,7 @@ from typing import Callable, Iterable, Sequence
 from specagent.core.canonical import canonical_call
 from specagent.core.classify import classify_tools
 from specagent.core.interfaces import Reward
-from specagent.core.types import Message, ToolCall, ToolSpec, Trajectory
+from specagent.core.types import Message, ToolCall, ToolSpec, Trajectory, union_tools
 
 UNRECORDED_PREFIX = "Error: unrecorded call"
 
@@ -96,7 +96,7 @@ class ReplayEnv:
             if trajectory.id in self._trajectories:
                 raise ValueError(f"duplicate trajectory id {trajectory.id!r}")
             self._trajectories[trajectory.id] = trajectory
-        self._tools = _union_tools(trajectories)
+        self._tools = union_tools(trajectories)
         self._read_only = classify_tools(self._tools, read_only, write)
         self._terminal = _terminal_predicate(terminal)
         self._records = {t.id: self._record(t) for t in trajectories}
@@ -283,14 +283,6 @@ def _results_after(messages: Sequence[Message], index: int) -> dict[str, str]:
 
 def _all_same(texts: Iterable[str]) -> bool:
     return len(set(texts)) == 1
-
-
-def _union_tools(trajectories: Iterable[Trajectory]) -> list[ToolSpec]:
-    seen: dict[str, ToolSpec] = {}
-    for trajectory in trajectories:
-        for tool in trajectory.tools:
-            seen.setdefault(tool.name, tool)
-    return list(seen.values())
 
 
 def _terminal_predicate(terminal: Iterable[str] | Callable[[str], bool] | None) -> Callable[[str], bool]:
