@@ -100,8 +100,10 @@ class MineConfig(Strict):
     env_tasks_path: Optional[str] = None  # task file of the live environment
     read_only: list[str] = Field(default_factory=list)
     write: list[str] = Field(default_factory=list)
-    labelers: list[Literal["match", "judge"]] = Field(default_factory=lambda: ["match"], min_length=1)
-    judge: Optional[EngineConfig] = None  # the strong model, for the `judge` labeler
+    # the first labeler gives the dataset's labels; all are kept in segments (`all_labels`)
+    labelers: list[Literal["match", "judge", "rollout"]] = Field(default_factory=lambda: ["match"], min_length=1)
+    strong: Optional[EngineConfig] = None  # the strong model: `judge` and `rollout` labelers
+    rollout_steps: int = Field(8, gt=0)  # strong steps per rollout
     window: int = Field(4, gt=0)
     max_draft_steps: int = Field(4, gt=0)
     max_tokens: int = Field(192, gt=0)
@@ -112,9 +114,11 @@ class MineConfig(Strict):
     max_cuts_per_trajectory: Optional[int] = Field(None, gt=0)  # evenly spaced cut points
 
     @model_validator(mode="after")
-    def _judge_needs_engine(self) -> "MineConfig":
-        if "judge" in self.labelers and self.judge is None:
-            raise ValueError("labeler 'judge' needs a `judge` engine (the strong model)")
+    def _labelers_have_what_they_need(self) -> "MineConfig":
+        if {"judge", "rollout"} & set(self.labelers) and self.strong is None:
+            raise ValueError("labelers 'judge' and 'rollout' need a `strong` engine")
+        if "rollout" in self.labelers and self.env == "replay":
+            raise ValueError("labeler 'rollout' needs a live environment (env: store), not the replay log")
         return self
 
 

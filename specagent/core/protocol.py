@@ -153,10 +153,12 @@ class EpisodeRunner:
         self.round = 0
 
     # ------------------------------------------------------------------ the loop
-    def run(self) -> Episode:
+    def run(self, start_from: Sequence[Message] | None = None) -> Episode:
+        """Run to the end. ``start_from``: continue a conversation whose state the caller
+        has already put the environment in (rollouts from a cut point), instead of a reset."""
         ep = self.episode
         start = time.perf_counter()
-        ep.messages = list(self.env.reset(ep.task_id))
+        ep.messages = list(start_from) if start_from is not None else list(self.env.reset(ep.task_id))
         step = {"strong": self._author_round, "weak": self._author_round,
                 "stepwise": self._stepwise_round, "specagent": self._specagent_round}[self.mode]
         try:
@@ -304,7 +306,12 @@ class EpisodeRunner:
 
 
 def run_episode(
-    env: Environment, task_id: str, mode: str, models: Models, config: ProtocolConfig = ProtocolConfig()
+    env: Environment,
+    task_id: str,
+    mode: str,
+    models: Models,
+    config: ProtocolConfig = ProtocolConfig(),
+    start_from: Sequence[Message] | None = None,
 ) -> Episode:
     """Run one episode of ``task_id`` in ``mode`` and return its transcript and metrics."""
-    return EpisodeRunner(env, task_id, mode, models, config).run()
+    return EpisodeRunner(env, task_id, mode, models, config).run(start_from)

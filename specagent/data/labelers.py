@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import re
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from specagent.core.canonical import normalise_text, same_step
 from specagent.core.interfaces import ChatEngine, ChatRequest
@@ -126,3 +126,48 @@ def judge_labels(
         labels = [int(i < accepted) for i in range(len(steps))]
         out.append((prefix_closed(labels), completion.usage, completion.text))
     return out
+
+
+def rollout_labels(
+    restore_env: Callable[[], Any],
+    task_id: str,
+    context: Sequence[Message],
+    steps: Sequence[DraftedStep],
+    strong: ChatEngine,
+    max_steps: int = 8,
+    max_tokens: int = 256,
+) -> tuple[list[int], list[float]]:
+    """`rollout` labels (Monte-Carlo): for each drafted prefix d1..dj, a live environment
+    restored to the cut point takes the prefix (the held step executed as if approved),
+    the strong model continues for up to ``max_steps`` steps, and the environment scores
+    the episode. Step j is valid if that reward is at least the reward of the strong
+    model continuing from the cut point alone. Returns (labels, rewards with the
+    baseline first)."""
+    from specagent.core.protocol import Models, ProtocolConfig, run_episode
+
+    rewards = []
+    for j in range(len(steps) + 1):
+        env = restore_env()
+        messages = list(context)
+        finished = False
+        for step in steps[:j]:
+            messages.append(step.message)
+            if step.observations:
+                messages.extend(step.observations)
+                continue
+            for call in step.message.tool_calls:  # the held write, executed as approved
+                messages.append(Message(role="tool", content=env.execute(call), tool_call_id=call.id, name=call.name))
+            if not step.message.tool_calls:  # a held reply: the user answers or the conversation ends
+                answer = env.user_turn(step.message.content or "")
+                finished = answer is None
+                if answer is not None:
+                    messages.append(Message(role="user", content=answer))
+        if finished:
+            rewards.append(env.reward(messages).reward)
+            continue
+        budget = ProtocolConfig(max_steps=sum(m.role == "assistant" for m in messages) + max_steps, max_tokens=max_tokens)
+        episode = run_episode(env, task_id, "strong", Models(strong=strong), budget, start_from=messages)
+        rewards.append(episode.reward)
+    baseline = rewards[0]
+    valid = [step.kind is not StepKind.MALFORMED and r >= baseline for step, r in zip(steps, rewards[1:])]
+    return prefix_closed(valid), rewards

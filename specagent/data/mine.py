@@ -4,7 +4,7 @@ For each trajectory and each assistant step of the strong model (a cut point), t
 drafter drafts from the context before it under the DRAFT rules (core/draft.py):
 read-only steps executed (replayed from the log, or run for real in a live
 environment restored to the cut point), the first state-changing step held. Every
-drafted step is then labeled (`match`, `judge`), prefix-closed.
+drafted step is then labeled (`match`, `judge`, `rollout`), prefix-closed.
 
 Work is done one trajectory at a time (all its cut points in one batched draft) and
 appended to a shard file, one line per finished trajectory: a killed run resumes at
@@ -29,7 +29,7 @@ from specagent.core.classify import classify_tools
 from specagent.core.draft import DraftJob, draft_batch
 from specagent.core.interfaces import ChatEngine, Environment
 from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall, Trajectory, Usage
-from specagent.data.labelers import judge_labels, match_labels, reference_steps
+from specagent.data.labelers import judge_labels, match_labels, reference_steps, rollout_labels
 
 SEGMENT_FORMAT = "specagent.segment/v1"
 
@@ -69,6 +69,7 @@ class MineSettings:
     write: tuple[str, ...] = ()
     judge_max_tokens: int = 8
     max_cuts: int | None = None
+    rollout_steps: int = 8
 
 
 @dataclass
@@ -103,18 +104,25 @@ def replay_jobs(env: Any, traj: Trajectory, cuts: Sequence[int], budget: int) ->
     return jobs
 
 
+def restore(make_env: Callable[[], Environment], traj: Trajectory, cut: int, read_only: dict[str, bool]) -> Environment:
+    """A fresh live environment in the state of the trajectory at its cut point: the run's
+    state-changing calls before the cut, replayed in order."""
+    env = make_env()
+    env.reset(traj.task_id)
+    for message in traj.messages[:cut]:
+        for call in message.tool_calls:
+            if not read_only.get(call.name, False):
+                env.execute(call)
+    return env
+
+
 def live_jobs(make_env: Callable[[], Environment], traj: Trajectory, cuts: Sequence[int], budget: int,
               read_only: dict[str, bool]) -> list[DraftJob]:
-    """Draft jobs in a live environment: a fresh one per cut point, restored by replaying
-    the trajectory's state-changing calls before the cut; drafted lookups run for real."""
+    """Draft jobs in a live environment: a fresh one per cut point, restored to the cut;
+    drafted lookups run for real."""
     jobs = []
     for cut in cuts:
-        env = make_env()
-        env.reset(traj.task_id)
-        for message in traj.messages[:cut]:
-            for call in message.tool_calls:
-                if not read_only.get(call.name, False):
-                    env.execute(call)
+        env = restore(make_env, traj, cut, read_only)
 
         def execute(call: ToolCall, env: Environment = env) -> Message:
             return Message(role="tool", content=env.execute(call), tool_call_id=call.id, name=call.name)
@@ -159,7 +167,8 @@ def mine_trajectory(
     jobs_for: Callable[[Trajectory, Sequence[int]], list[DraftJob]],
     settings: MineSettings,
     stats: MineStats,
-    judge: ChatEngine | None = None,
+    strong: ChatEngine | None = None,
+    restore_for: Callable[[Trajectory, int], Callable[[], Environment]] | None = None,
 ) -> list[dict[str, Any]]:
     """Segments for every cut point of one trajectory, drafted in one batch, labeled."""
     cuts = cut_points(traj, settings.max_cuts)
@@ -180,13 +189,23 @@ def mine_trajectory(
         labels["match"] = [match_labels(seg.steps, ref, read_only, settings.window)
                            for seg, ref in zip(segments, references)]
     if "judge" in settings.labelers:
-        if judge is None:
-            raise ValueError("the judge labeler needs a judge engine (mine config: judge)")
+        if strong is None:
+            raise ValueError("the judge labeler needs the strong model (mine config: strong)")
         start = time.perf_counter()
-        judged = judge_labels(judge, [(traj.messages[:c], s.steps, r) for c, s, r in zip(cuts, segments, references)],
+        judged = judge_labels(strong, [(traj.messages[:c], s.steps, r) for c, s, r in zip(cuts, segments, references)],
                               traj.tools, settings.judge_max_tokens)
         stats.seconds_in_engines += time.perf_counter() - start
         labels["judge"] = [j[0] for j in judged]
+    if "rollout" in settings.labelers:
+        if strong is None or restore_for is None:
+            raise ValueError("the rollout labeler needs the strong model and a live environment")
+        start = time.perf_counter()
+        labels["rollout"] = [
+            rollout_labels(restore_for(traj, cut), traj.task_id, traj.messages[:cut], seg.steps, strong,
+                           settings.rollout_steps, settings.max_tokens)[0]
+            for cut, seg in zip(cuts, segments)
+        ]
+        stats.seconds_in_engines += time.perf_counter() - start
     records = []
     for n, (cut, seg, ref) in enumerate(zip(cuts, segments, references)):
         records.append(segment_record(traj, cut, seg, ref, {k: v[n] for k, v in labels.items()}, settings))
@@ -237,7 +256,8 @@ def mine_shard(
     settings: MineSettings,
     work_dir: Path,
     shard: Shard = Shard(),
-    judge: ChatEngine | None = None,
+    strong: ChatEngine | None = None,
+    restore_for: Callable[[Trajectory, int], Callable[[], Environment]] | None = None,
 ) -> tuple[Path, MineStats]:
     """Mine this shard's trajectories into ``work_dir/shard-i-of-N.jsonl``, skipping done ones."""
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -249,7 +269,7 @@ def mine_shard(
     with path.open("a") as sink:
         for traj in tqdm(mine, desc=f"mining shard {shard.index}/{shard.count}", unit="traj"):
             engine_before, traj_start = stats.seconds_in_engines, time.perf_counter()
-            segments = mine_trajectory(traj, drafter, jobs_for, settings, stats, judge)
+            segments = mine_trajectory(traj, drafter, jobs_for, settings, stats, strong, restore_for)
             row = {"trajectory_id": traj.id, "segments": segments,
                    "seconds_in_engines": stats.seconds_in_engines - engine_before,
                    "wall_seconds": time.perf_counter() - traj_start}

@@ -10,7 +10,7 @@ from specagent.config import CollectConfig, EnvConfig, MineConfig, dump_config
 from specagent.core.classify import classify_tools
 from specagent.core.types import Trajectory
 from specagent.data.datasets import finalize
-from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, replay_jobs
+from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, replay_jobs, restore
 from specagent.data.trajectories import read_trajectories, write_trajectories
 from specagent.engines import EnginePool
 from specagent.serve.runtime import build_env, protocol_config, scripted_policy, select_tasks, versions
@@ -42,8 +42,10 @@ def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard
     settings = MineSettings(
         labelers=tuple(cfg.labelers), window=cfg.window, max_draft_steps=cfg.max_draft_steps,
         max_tokens=cfg.max_tokens, drafter_adapter=cfg.drafter_adapter, max_cuts=cfg.max_cuts_per_trajectory,
+        rollout_steps=cfg.rollout_steps,
         read_only=tuple(cfg.read_only), write=tuple(cfg.write),
     )
+    restore_for = None
     if cfg.env == "replay":
         from specagent.envs.replay import ReplayEnv
 
@@ -54,15 +56,25 @@ def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard
     else:
         env_cfg = EnvConfig(name=cfg.env, tasks_path=cfg.env_tasks_path)
 
+        def make_env():
+            return build_env(env_cfg)
+
+        def read_only_of(traj):
+            return classify_tools(traj.tools, cfg.read_only, cfg.write)
+
         def jobs_for(traj, cuts):
-            read_only = classify_tools(traj.tools, cfg.read_only, cfg.write)
-            return live_jobs(lambda: build_env(env_cfg), traj, cuts, settings.max_draft_steps, read_only)
+            return live_jobs(make_env, traj, cuts, settings.max_draft_steps, read_only_of(traj))
+
+        def restore_for(traj, cut):
+            return lambda: restore(make_env, traj, cut, read_only_of(traj))
 
     pool = EnginePool()
     try:
-        roles = {"drafter": cfg.drafter} | ({"judge": cfg.judge} if cfg.judge else {})
-        engines = pool.for_roles(roles)
-        mine_shard(trajectories, engines["drafter"], jobs_for, settings, work_dir, shard, engines.get("judge"))
+        roles = {"drafter": cfg.drafter} | ({"strong": cfg.strong} if cfg.strong else {})
+        policy = None if cfg.env == "replay" else scripted_policy(build_env(EnvConfig(name=cfg.env)), roles.values())
+        engines = pool.for_roles(roles, policy)
+        mine_shard(trajectories, engines["drafter"], jobs_for, settings, work_dir, shard, engines.get("strong"),
+                   restore_for)
     finally:
         pool.close()
 

@@ -218,3 +218,43 @@ def test_verdict_labels_sit_exactly_on_step_boundaries(store_trajectories, tmp_p
         assert before.endswith(expected_tail), (before, expected_tail)
         # the token before the closing one belongs to the drafted step, the one after starts the next turn
         assert tokenizer.decode(out["input_ids"][position + 1: position + 3]).startswith("\n<|im_start|>")
+
+
+def test_judge_labeler_uses_the_strong_verdict_with_the_reference_shown():
+    from specagent.data.labelers import judge_labels
+
+    seen = []
+
+    def strong(messages, tools):
+        seen.append(messages[-1].content)
+        return "1"
+
+    a = Message(role="assistant", tool_calls=(ToolCall("1", "get", {"id": 1}),))
+    obs = (Message(role="tool", content="{}", tool_call_id="1"),)
+    steps = [DraftedStep(a, StepKind.READ, obs), DraftedStep(a, StepKind.READ, obs)]
+    [(labels, usage, raw)] = judge_labels(ScriptedEngine(strong), [([Message("user", "hi")], steps, [a])], [])
+    assert labels == [1, 0] and raw == "1"
+    assert "a strong agent's next steps here were" in seen[0] and "call get({'id': 1})" in seen[0]
+
+
+def test_rollout_labeler_scores_drafted_prefixes_by_the_environment_reward(store_trajectories):
+    from specagent.data.labelers import rollout_labels
+    from specagent.data.mine import restore
+
+    traj = next(t for t in store_trajectories if t.task_id == "single_write_01")
+    read_only = classify_tools(traj.tools)
+    cut = next(i for i, m in enumerate(traj.messages) if m.tool_calls and not read_only[m.tool_calls[0].name])
+    expert = ScriptedEngine(expert_policy(StoreEnv()))
+    right = DraftedStep(traj.messages[cut], StepKind.WRITE)
+    order = traj.messages[cut].tool_calls[0].arguments["order_id"]
+    other = next(o for o in ("W1001", "W1002", "W1003") if o != order)
+    wrong_call = ToolCall("x", "cancel_pending_order", {"order_id": other, "reason": "no longer needed"})
+    wrong = DraftedStep(Message(role="assistant", tool_calls=(wrong_call,)), StepKind.WRITE)
+
+    def restore_env():
+        return restore(StoreEnv, traj, cut, read_only)
+
+    labels, rewards = rollout_labels(restore_env, traj.task_id, traj.messages[:cut], [right], expert)
+    assert labels == [1] and rewards == [1.0, 1.0]
+    labels, rewards = rollout_labels(restore_env, traj.task_id, traj.messages[:cut], [wrong], expert)
+    assert labels == [0] and rewards[0] == 1.0 and rewards[1] == 0.0
