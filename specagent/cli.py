@@ -74,6 +74,29 @@ def cmd_mine(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    """LoRA-train the weak model's drafter or the strong model's verdict (head or generative)."""
+    cfg = _config({"drafter": "DrafterTrainConfig", "verdict": "VerdictTrainConfig"}[args.kind], args)
+    if cfg is None:
+        return 0
+    if args.kind == "drafter":
+        from specagent.train.drafter import train_drafter
+
+        train_drafter(cfg)
+    else:
+        from specagent.train.verdict import train_verdict
+
+        train_verdict(cfg)
+    return 0
+
+
+def _add_train_args(parser: argparse.ArgumentParser) -> None:
+    kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
+    for kind, help_text in (("drafter", "LoRA SFT of the weak model on the mined drafter dataset"),
+                            ("verdict", "the strong model's verdict: a boundary head or a generative adapter")):
+        _add_config_args(kinds.add_parser(kind, help=help_text, description=help_text))
+
+
 def _add_mine_args(parser: argparse.ArgumentParser) -> None:
     _add_config_args(parser)
     parser.add_argument("--shard", default="0/1", help="mine only shard i of N (i/N); default: everything")
@@ -96,6 +119,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, Callable]] =
                 _add_config_args),
     "mine": (cmd_mine, "draft segments with the weak model at every cut point of strong runs, label them",
              _add_mine_args),
+    "train": (cmd_train, "LoRA-train the drafter (weak model) or the verdict head/adapter (strong model) "
+              "on mined datasets", _add_train_args),
     "import": (cmd_import, "import agent logs (OpenAI chat JSONL, tau-bench, tau2-bench) as trajectories.jsonl",
                _add_import_args),
 }

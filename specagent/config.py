@@ -189,3 +189,88 @@ def load_config(schema: type[C], path: str | Path | None, overrides: list[str] =
 
 def dump_config(config: BaseModel) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+# --------------------------------------------------------------------- train stage
+
+
+class LoraSettings(Strict):
+    """peft LoraConfig fields; `target_modules: all-linear` adapts every linear layer but the output head."""
+
+    r: int = Field(16, gt=0)
+    alpha: int = Field(32, gt=0)
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class OptimSettings(Strict):
+    """The optimisation loop (transformers TrainingArguments); `extra` goes to it unchanged."""
+
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int = -1  # > 0 overrides epochs
+    batch_size: int = Field(1, gt=0)  # per device
+    grad_accum: int = Field(1, gt=0)
+    learning_rate: float = Field(2e-4, gt=0)
+    lr_scheduler: str = "cosine"
+    warmup_steps: float = Field(0.03, ge=0)  # < 1: a fraction of the total steps
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    bf16: bool = False  # bf16 mixed precision (GPU, or CPU autocast)
+    gradient_checkpointing: bool = False
+    logging_steps: int = Field(1, gt=0)
+    save_steps: int = Field(50, gt=0)
+    save_total_limit: Optional[int] = Field(2, gt=0)
+    seed: int = 0
+    threads: Optional[int] = Field(None, gt=0)  # torch CPU threads (None: all cores this process may use)
+    report_to: list[str] = Field(default_factory=list)  # e.g. [tensorboard], [wandb]
+    extra: dict[str, Any] = Field(default_factory=dict)  # any other TrainingArguments / SFTConfig field
+
+
+class AcceptanceSettings(Strict):
+    """Offline acceptance during training (DESIGN §3): every `every_steps` the model being trained
+    drafts at the cut points of held-out trajectories, labeled exactly as `specagent mine` does."""
+
+    mined: str  # a `specagent mine` output dir: its trajectories, validation tasks and labeler settings
+    every_steps: int = Field(50, gt=0)
+    at_start: bool = True  # measure before the first step too (the "before" figure)
+    limit: Optional[int] = Field(8, gt=0)  # validation trajectories used
+    max_cuts_per_trajectory: Optional[int] = Field(4, gt=0)
+    max_tokens: Optional[int] = Field(None, gt=0)  # None: the mine config's
+    batch_size: int = Field(8, gt=0)
+
+
+class DrafterTrainConfig(Strict):
+    """`specagent train drafter`: LoRA SFT of the weak model on the mined `drafter` dataset."""
+
+    dataset: str  # the `drafter` DatasetDict of a `specagent mine` output dir
+    model: str = "smollm2"  # hub id, local dir, .gguf path, or the `smollm2` alias
+    gguf_file: Optional[str] = None
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    output_dir: str = "runs/train/drafter"
+    resume: bool = True  # continue from the last checkpoint in output_dir, if any
+    max_length: Optional[int] = Field(2048, gt=0)  # tokens per example (the start is kept: system prompt, tools)
+    min_reward: Optional[float] = None  # keep only trajectories with reward >= this (unknown reward: dropped)
+    limit: Optional[int] = Field(None, gt=0)  # the first N training rows (smoke runs)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    train: OptimSettings = Field(default_factory=OptimSettings)
+    acceptance: Optional[AcceptanceSettings] = None
+
+
+class VerdictTrainConfig(Strict):
+    """`specagent train verdict`: a verdict head (`head`) or a generative verdict adapter (`generative`)
+    for the strong model, on the mined `verdict` dataset."""
+
+    kind: Literal["head", "generative"] = "head"
+    dataset: str  # the `verdict` DatasetDict of a `specagent mine` output dir
+    model: str = "smollm2"
+    gguf_file: Optional[str] = None
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    output_dir: str = "runs/train/verdict"
+    resume: bool = True
+    max_length: Optional[int] = Field(8192, gt=0)  # longer verify prompts are left out (never cut)
+    limit: Optional[int] = Field(None, gt=0)
+    target_false_accept: float = Field(0.05, gt=0.0, lt=1.0)  # threshold calibration (head)
+    eval_limit: Optional[int] = Field(None, gt=0)  # validation rows scored at the end
+    eval_max_tokens: int = Field(8, gt=0)  # generative: the verdict's decode budget
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    train: OptimSettings = Field(default_factory=OptimSettings)

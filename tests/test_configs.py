@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specagent.config import CollectConfig, MineConfig, RunConfig, load_config
+from specagent.config import CollectConfig, DrafterTrainConfig, MineConfig, RunConfig, VerdictTrainConfig, load_config
 from specagent.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,6 +15,10 @@ RUN_CONFIGS = sorted((ROOT / "configs" / "run").glob("*.yaml")) + [ROOT / "confi
 IMPORT_CONFIGS = sorted((ROOT / "configs" / "import").glob("*.yaml"))
 MINE_CONFIGS = sorted((ROOT / "configs" / "mine").glob("*.yaml"))
 COLLECT_CONFIGS = sorted((ROOT / "configs" / "collect").glob("*.yaml"))
+TRAIN_DRAFTER_CONFIGS = sorted((ROOT / "configs" / "train" / "drafter").glob("*.yaml"))
+TRAIN_VERDICT_CONFIGS = sorted((ROOT / "configs" / "train" / "verdict").glob("*.yaml"))
+# configs/accelerate/*.yaml are accelerate's own files, loaded in tests/train/test_train_configs.py
+ACCELERATE_CONFIGS = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
@@ -33,9 +37,20 @@ def test_shipped_collect_config_validates(path):
     assert load_config(CollectConfig, path).output.endswith(".jsonl")
 
 
+@pytest.mark.parametrize("path", TRAIN_DRAFTER_CONFIGS, ids=lambda p: p.name)
+def test_shipped_train_drafter_config_validates(path):
+    assert load_config(DrafterTrainConfig, path).dataset
+
+
+@pytest.mark.parametrize("path", TRAIN_VERDICT_CONFIGS, ids=lambda p: p.name)
+def test_shipped_train_verdict_config_validates(path):
+    assert load_config(VerdictTrainConfig, path).kind in ("head", "generative")
+
+
 def test_every_config_file_is_covered():
     all_yaml = set((ROOT / "configs").rglob("*.yaml"))
     covered = set(RUN_CONFIGS) | set(IMPORT_CONFIGS) | set(MINE_CONFIGS) | set(COLLECT_CONFIGS)
+    covered |= set(TRAIN_DRAFTER_CONFIGS) | set(TRAIN_VERDICT_CONFIGS) | set(ACCELERATE_CONFIGS)
     assert all_yaml == covered, "a config without a schema test: add it to the lists above"
 
 

@@ -1,0 +1,137 @@
+"""What the drafter and verdict recipes share: model and tokenizer set-up, LoRA, the
+TrainingArguments of an `OptimSettings`, resume, and the run files written next to the output.
+
+The tokenizer always carries specagent's one chat template (engines/render.py), so a
+model is trained on exactly the bytes the runtime serves it with (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from specagent.config import LoraSettings, OptimSettings, dump_config
+from specagent.core.errors import ConfigError
+
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": "auto"}
+
+
+def set_threads(threads: int | None) -> None:
+    """torch's CPU threads: the configured count, else the cores this process may use."""
+    import torch
+
+    torch.set_num_threads(threads or max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0)))))
+
+
+def load_tokenizer(path: str) -> Any:
+    """The model's tokenizer with specagent's chat template, and a pad token."""
+    from transformers import AutoTokenizer
+
+    from specagent.engines.render import load_template
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = load_template()
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def model_dir(model: str, gguf_file: str | None) -> str:
+    """A loadable checkpoint dir (GGUF files are dequantized once and cached)."""
+    from specagent.engines.models import materialize
+
+    return materialize(model, gguf_file)
+
+
+HEADS = ["score", "classifier"]  # token-classification heads: trained in full (modules_to_save), never LoRA'd
+
+
+def lora_config(settings: LoraSettings, task_type: str | None) -> Any:
+    from peft import LoraConfig
+
+    exclude = HEADS if task_type == "TOKEN_CLS" else None  # `all-linear` would otherwise wrap the head too
+    return LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                      target_modules=settings.target_modules, exclude_modules=exclude, task_type=task_type)
+
+
+def training_kwargs(opt: OptimSettings, output_dir: str) -> dict[str, Any]:
+    """TrainingArguments (or SFTConfig) fields for an `OptimSettings`; `extra` wins."""
+    kwargs = dict(
+        output_dir=output_dir, num_train_epochs=opt.epochs, max_steps=opt.max_steps,
+        per_device_train_batch_size=opt.batch_size, per_device_eval_batch_size=opt.batch_size,
+        gradient_accumulation_steps=opt.grad_accum, learning_rate=opt.learning_rate,
+        lr_scheduler_type=opt.lr_scheduler, warmup_steps=opt.warmup_steps, weight_decay=opt.weight_decay,
+        max_grad_norm=opt.max_grad_norm, bf16=opt.bf16, gradient_checkpointing=opt.gradient_checkpointing,
+        logging_steps=opt.logging_steps, logging_first_step=True, save_strategy="steps", save_steps=opt.save_steps,
+        save_total_limit=opt.save_total_limit, seed=opt.seed, data_seed=opt.seed, report_to=opt.report_to,
+    )
+    return {**kwargs, **opt.extra}
+
+
+def resume_checkpoint(output_dir: str, resume: bool) -> str | None:
+    """The last `checkpoint-N` dir under output_dir when resuming, else None."""
+    if not resume or not Path(output_dir).is_dir():
+        return None
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(output_dir)
+
+
+def versions() -> dict[str, Any]:
+    """The runtime's version record plus the training libraries."""
+    from specagent.serve.runtime import versions as runtime_versions
+
+    out = runtime_versions()
+    for pkg in ("accelerate", "deepspeed"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def write_run_info(out_dir: str | Path, cfg: Any) -> None:
+    """The resolved config and library versions next to the training output."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(dump_config(cfg))
+    (out / "versions.json").write_text(json.dumps(versions(), indent=2))
+
+
+def is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def load_splits(path: str, limit: int | None) -> tuple[Any, Any | None]:
+    """(train, validation or None) of a DatasetDict written by `specagent mine`."""
+    from datasets import load_from_disk
+
+    try:
+        data = load_from_disk(path)
+    except FileNotFoundError:
+        raise ConfigError(f"dataset: no dataset at {path} (run `specagent mine` first; point at its "
+                          "`drafter/` or `verdict/` dir)") from None
+    if "train" not in data:
+        raise ConfigError(f"dataset: {path} has no `train` split (splits: {list(data)})")
+    train = data["train"]
+    if limit is not None:
+        train = train.select(range(min(limit, len(train))))
+    return train, data.get("validation")
+
+
+class JsonlLog(TrainerCallback):
+    """Every log record (loss, learning rate, acceptance, ...) appended to `log.jsonl`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as f:
+                f.write(json.dumps({"step": state.global_step, "epoch": state.epoch, **logs}) + "\n")

@@ -1,0 +1,284 @@
+"""`specagent train verdict`: the strong model's verdict, as a head or as a generative adapter.
+
+- `kind: head`: the strong model's backbone with LoRA and a one-logit token
+  classification head (transformers `*ForTokenClassification`, `num_labels=1`; peft
+  keeps the head trainable and saves it with the adapter). The head reads the hidden
+  state at each drafted step's boundary (the `<|im_end|>` closing the step in the
+  rendered verify prompt, `specagent.data.verdict.token_labels`) and gives
+  P(valid | prefix); binary cross-entropy at the boundaries only. One forward pass
+  scores every step; the verdict is the longest prefix above a threshold calibrated on
+  the validation split for a target false-accept rate; no token is decoded.
+- `kind: generative`: SFT (TRL) of a LoRA adapter on the verify prompt -> concise
+  verdict (`prompt`/`completion`) pairs, the verdict the runtime parses.
+
+Output under `output_dir`: checkpoints, `adapter/` (+ `verdict.json`: kind, threshold,
+base model), `metrics.json` (validation figures, `verdict_metrics.py`), `log.jsonl`,
+`config.yaml`, `versions.json`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from specagent.config import VerdictTrainConfig
+from specagent.core.errors import ConfigError
+from specagent.data.verdict import IGNORE, token_labels
+from specagent.train.common import (
+    DTYPES, JsonlLog, is_main_process, load_splits, load_tokenizer, lora_config, model_dir, resume_checkpoint,
+    set_threads, training_kwargs, write_run_info,
+)
+from specagent.train.verdict_metrics import calibrate, head_metrics, prefix_metrics
+
+# --------------------------------------------------------------------- data
+
+
+def boundary_example(tokenizer: Any, row: dict[str, Any], max_length: int | None) -> dict[str, list[int]] | None:
+    """input_ids + boundary labels of one verdict row; None when the verify prompt is longer
+    than max_length (cutting it would score a prefix the runtime never shows the model)."""
+    out = token_labels(tokenizer, row)
+    return out if max_length is None or len(out["input_ids"]) <= max_length else None
+
+
+def boundary_dataset(tokenizer: Any, rows: Any, max_length: int | None) -> Any:
+    """A `verdict` split -> a dataset of input_ids and int64 labels (0/1 at boundaries, -100 elsewhere)."""
+    from datasets import Dataset, Features, List, Value
+
+    examples = [e for e in (boundary_example(tokenizer, r, max_length) for r in rows) if e is not None]
+    if len(examples) < len(rows):
+        print(f"verdict: {len(rows) - len(examples)} of {len(rows)} rows dropped: longer than "
+              f"max_length={max_length} tokens")
+    features = Features({"input_ids": List(Value("int64")), "labels": List(Value("int64"))})
+    return Dataset.from_dict({k: [e[k] for e in examples] for k in ("input_ids", "labels")}, features=features)
+
+
+class BoundaryCollator:
+    """Pads input_ids (pad id), attention_mask (0) and labels (-100) to the longest example.
+
+    Labels are built as int64 from the start: a bool tensor or a bool-typed dataset
+    column would turn -100 into True (= 1, "valid") at every ignored position, so bool
+    labels and any value other than -100/0/1 are refused.
+    """
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        width = max(len(f["input_ids"]) for f in features)
+        input_ids = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(features), width), dtype=torch.long)
+        labels = torch.full((len(features), width), IGNORE, dtype=torch.long)
+        for row, feature in enumerate(features):
+            ids, labs = feature["input_ids"], self.checked_labels(feature["labels"])
+            if len(labs) != len(ids):
+                raise ValueError(f"verdict example {row}: {len(labs)} labels for {len(ids)} tokens")
+            input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            attention[row, : len(ids)] = 1
+            labels[row, : len(ids)] = labs
+        return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+    @staticmethod
+    def checked_labels(labels: Any) -> Any:
+        import torch
+
+        tensor = torch.as_tensor(labels)
+        if tensor.dtype == torch.bool:
+            raise TypeError("verdict labels are bool: -100 (ignore) would read as True; give int labels "
+                            "(0/1 at step boundaries, -100 elsewhere)")
+        if tensor.is_floating_point() or not bool(((tensor == IGNORE) | (tensor == 0) | (tensor == 1)).all()):
+            raise ValueError(f"verdict labels must be the ints -100, 0 or 1; got {sorted(set(tensor.tolist()))[:5]}")
+        return tensor.long()
+
+
+# --------------------------------------------------------------------- head model and trainer
+
+
+def boundary_loss(logits: Any, labels: Any) -> Any:
+    """Binary cross-entropy of the one-logit head at the step boundaries only."""
+    import torch.nn.functional as F
+
+    scores = logits.squeeze(-1)
+    mask = labels != IGNORE
+    if not bool(mask.any()):
+        return scores.sum() * 0.0  # keeps the graph (and DDP) alive on a batch without boundaries
+    return F.binary_cross_entropy_with_logits(scores[mask].float(), labels[mask].float())
+
+
+def head_model(cfg: VerdictTrainConfig, model: Any = None) -> Any:
+    """The strong model as a one-logit token classifier with LoRA (the head stays trainable)."""
+    from peft import get_peft_model
+
+    if model is None:
+        from transformers import AutoModelForTokenClassification
+
+        model = AutoModelForTokenClassification.from_pretrained(model_dir(cfg.model, cfg.gguf_file), num_labels=1,
+                                                                dtype=DTYPES[cfg.dtype])
+    if model.config.num_labels != 1:
+        raise ConfigError(f"a verdict head has one logit; the model has num_labels={model.config.num_labels}")
+    return get_peft_model(model, lora_config(cfg.lora, "TOKEN_CLS"))
+
+
+def _verdict_trainer_class():
+    from transformers import Trainer
+
+    class VerdictTrainer(Trainer):
+        """A Trainer whose loss is `boundary_loss` (mean over the micro-batch's boundaries)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.model_accepts_loss_kwargs = False  # the loss is a per-batch mean: the Trainer scales for GA
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            labels = inputs.pop("labels")
+            outputs = model(**inputs)
+            loss = boundary_loss(outputs.logits, labels)
+            return (loss, outputs) if return_outputs else loss
+
+    return VerdictTrainer
+
+
+def head_trainer(cfg: VerdictTrainConfig, model: Any = None, tokenizer: Any = None) -> tuple[Any, Any]:
+    """(Trainer, validation boundary dataset or None) for a verdict head."""
+    from transformers import TrainingArguments
+
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir(cfg.model, cfg.gguf_file))
+    train_rows, validation_rows = load_splits(cfg.dataset, cfg.limit)
+    train = boundary_dataset(tokenizer, train_rows, cfg.max_length)
+    if len(train) == 0:
+        raise ConfigError(f"dataset: no usable verdict rows in {cfg.dataset} (max_length={cfg.max_length})")
+    validation = boundary_dataset(tokenizer, validation_rows, cfg.max_length) if validation_rows is not None else None
+    args = TrainingArguments(**{"remove_unused_columns": False, "label_names": ["labels"],
+                                **training_kwargs(cfg.train, cfg.output_dir)})
+    trainer = _verdict_trainer_class()(
+        model=head_model(cfg, model), args=args, train_dataset=train,
+        data_collator=BoundaryCollator(tokenizer.pad_token_id),
+        processing_class=tokenizer, callbacks=[JsonlLog(Path(cfg.output_dir) / "log.jsonl")],
+    )
+    return trainer, validation
+
+
+def score_boundaries(model: Any, dataset: Any, collator: BoundaryCollator, batch_size: int = 1
+                     ) -> tuple[list[list[float]], list[list[int]]]:
+    """P(valid | prefix) at every boundary of every example (one forward pass each), with the labels."""
+    import torch
+
+    scores, labels = [], []
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(dataset), batch_size):
+                batch = collator([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+                logits = model(input_ids=batch["input_ids"].to(device),
+                               attention_mask=batch["attention_mask"].to(device)).logits.squeeze(-1).float().cpu()
+                for row_logits, row_labels in zip(logits, batch["labels"]):
+                    mask = row_labels != IGNORE
+                    scores.append(torch.sigmoid(row_logits[mask]).tolist())
+                    labels.append(row_labels[mask].tolist())
+    finally:
+        model.train(was_training)
+    return scores, labels
+
+
+def evaluate_head(cfg: VerdictTrainConfig, trainer: Any, validation: Any) -> dict[str, Any]:
+    """Validation figures at 0.5 and at the threshold calibrated for `target_false_accept`.
+    (Calibrating and reporting on the same split is optimistic; the calibrated threshold
+    is what the runtime should use, and a fresh split should confirm it.)"""
+    if validation is None or len(validation) == 0:
+        return {"validation": None, "threshold": 0.5}
+    rows = validation.select(range(min(cfg.eval_limit or len(validation), len(validation))))
+    scores, labels = score_boundaries(trainer.model, rows, trainer.data_collator, cfg.train.batch_size)
+    threshold = calibrate(scores, labels, cfg.target_false_accept)
+    return {"threshold": threshold, "at_0.5": head_metrics(scores, labels, 0.5),
+            "calibrated": head_metrics(scores, labels, threshold), "target_false_accept": cfg.target_false_accept}
+
+
+# --------------------------------------------------------------------- generative verdict
+
+
+def generative_trainer(cfg: VerdictTrainConfig, model: Any = None, tokenizer: Any = None) -> tuple[Any, Any]:
+    """(SFTTrainer on prompt/completion + tools, validation rows or None)."""
+    from trl import SFTConfig, SFTTrainer
+
+    path = None if model is not None and tokenizer is not None else model_dir(cfg.model, cfg.gguf_file)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path)
+    if model is None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype])
+    train, validation = load_splits(cfg.dataset, cfg.limit)
+    columns = ["prompt", "completion", "tools"]
+    # the completion's tokens only (the verdict and its <|im_end|>): completion mask AND assistant mask
+    args = SFTConfig(**{"assistant_only_loss": True, "completion_only_loss": True, "max_length": cfg.max_length,
+                        **training_kwargs(cfg.train, cfg.output_dir)})
+    trainer = SFTTrainer(model=model, args=args, train_dataset=train.select_columns(columns),
+                         processing_class=tokenizer, peft_config=lora_config(cfg.lora, "CAUSAL_LM"),
+                         callbacks=[JsonlLog(Path(cfg.output_dir) / "log.jsonl")])
+    return trainer, validation
+
+
+def evaluate_generative(cfg: VerdictTrainConfig, trainer: Any, validation: Any) -> dict[str, Any]:
+    """Decode the verdict on validation verify prompts, parse it as the runtime does, and score it."""
+    if validation is None or len(validation) == 0:
+        return {"validation": None}
+    from specagent.core.interfaces import ChatRequest
+    from specagent.core.types import Message, ToolSpec
+    from specagent.core.verify import parse_verdict
+    from specagent.engines.transformers_engine import TransformersEngine
+
+    rows = validation.select(range(min(cfg.eval_limit or len(validation), len(validation))))
+    model = trainer.model
+    was_training = model.training
+    engine = TransformersEngine.from_model(model, trainer.processing_class, max_model_len=10**9,
+                                           batch_size=cfg.train.batch_size, threads=cfg.train.threads)
+    try:
+        requests = [ChatRequest([Message.from_openai(m) for m in r["prompt"]],
+                                [ToolSpec.from_openai(t) for t in r["tools"]], cfg.eval_max_tokens) for r in rows]
+        completions = engine.chat(requests)
+    finally:
+        model.train(was_training)
+    predicted = [0 if c.message.tool_calls else (parse_verdict(c.text, len(r["labels"])) or 0)
+                 for c, r in zip(completions, rows)]
+    decoded = sum(c.usage.completion_tokens for c in completions) / len(completions)
+    return {"validation": {**prefix_metrics(predicted, [r["labels"] for r in rows]), "auroc": None,
+                           "decoded_tokens_per_verdict": decoded}}
+
+
+# --------------------------------------------------------------------- the recipe
+
+
+def train_verdict(cfg: VerdictTrainConfig, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+    """Train (resuming if asked), evaluate on the validation split, save the adapter. Returns the metrics."""
+    set_threads(cfg.train.threads)
+    if is_main_process():
+        write_run_info(cfg.output_dir, cfg)
+    build = head_trainer if cfg.kind == "head" else generative_trainer
+    trainer, validation = build(cfg, model, tokenizer)
+    checkpoint = resume_checkpoint(cfg.output_dir, cfg.resume)
+    if checkpoint:
+        print(f"resuming from {checkpoint}")
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    evaluation = (evaluate_head if cfg.kind == "head" else evaluate_generative)(cfg, trainer, validation)
+    return save_verdict(cfg, trainer, {**result.metrics, "global_step": trainer.state.global_step, **evaluation})
+
+
+def save_verdict(cfg: VerdictTrainConfig, trainer: Any, metrics: dict[str, Any]) -> dict[str, Any]:
+    out = Path(cfg.output_dir)
+    trainer.save_model(str(out / "adapter"))
+    if trainer.is_world_process_zero():
+        trainer.processing_class.save_pretrained(str(out / "adapter"))
+        card = {"kind": cfg.kind, "base_model": cfg.model, "gguf_file": cfg.gguf_file,
+                "threshold": metrics.get("threshold"), "boundary_token": "<|im_end|>",
+                "target_false_accept": cfg.target_false_accept}
+        (out / "adapter" / "verdict.json").write_text(json.dumps(card, indent=2))
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        print(f"adapter: {out / 'adapter'}   metrics: {out / 'metrics.json'}")
+        summary = metrics.get("calibrated") or metrics.get("validation")
+        if summary:
+            print("validation: " + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                             for k, v in summary.items()))
+    return metrics
