@@ -96,9 +96,12 @@ def vllm_engine(request):
     engine.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_server(request, tmp_path_factory):
-    """One vLLM OpenAI server on 127.0.0.1 serving SmolLM2 as "smollm2" and the LoRA as ADAPTER."""
+    """One vLLM OpenAI server on 127.0.0.1 serving SmolLM2 as "smollm2" and the LoRA as ADAPTER.
+
+    Module scope: only tests/engines/test_openai_engine.py uses it, and it is stopped
+    before the offline engine starts, so two vLLM engines never share the two cores."""
     need_vllm()
     smollm2_dir, smollm2_lora = request.getfixturevalue("smollm2_dir"), request.getfixturevalue("smollm2_lora")
     from specagent.engines.vllm_server import start_server
