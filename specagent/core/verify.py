@@ -47,15 +47,18 @@ def verify_messages(context: Sequence[Message], steps: Sequence[DraftedStep]) ->
     return [*context, *render_steps(steps), Message(role="user", content=review_request(len(steps)))]
 
 
-_NUMBER = re.compile(r"-?\d+")
+# The verdict is a number at the very start of the reply ("2", "2.", "Answer: 2"). A number
+# further in is not a verdict: a model that echoes the question ("The last 3 steps ...")
+# must not be read as approving three steps.
+_VERDICT = re.compile(r"^\s*(?:(?:answer|verdict|accepted)\s*[:=]?\s*)?(-?\d+)\b")
 
 
 def parse_verdict(text: str, k: int) -> int | None:
     """The accepted-prefix length in a verdict reply, clamped to 0..k; None if unparseable."""
     cleaned = (text or "").strip().lower()
-    match = _NUMBER.search(cleaned)
+    match = _VERDICT.match(cleaned)
     if match:
-        return min(max(int(match.group()), 0), k)
+        return min(max(int(match.group(1)), 0), k)
     if cleaned.startswith(("all", "accept")):
         return k
     if cleaned.startswith(("none", "reject")):
