@@ -73,10 +73,10 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     out = {mode: summarize_mode(recs) for mode, recs in sorted(by_mode.items())}
     if "strong" in by_mode:
         for mode, summary in out.items():
-            mine, base = _on_shared_tasks(by_mode[mode], by_mode["strong"])
-            summary["strong_decode_ratio"] = _ratio(_sum(mine, "strong_decode_tokens"), _sum(base, "strong_decode_tokens"))
-            summary["memory_traffic_ratio"] = _ratio(_sum(mine, "memory_traffic_bytes"), _sum(base, "memory_traffic_bytes"))
-            summary["wall_time_ratio"] = _ratio(_sum(mine, "wall_seconds"), _sum(base, "wall_seconds"))
+            mine, base = (summarize_mode(r) if r else None for r in _on_shared_tasks(by_mode[mode], by_mode["strong"]))
+            for ratio, key in (("strong_decode_ratio", "strong_decode_tokens"),
+                               ("memory_traffic_ratio", "memory_traffic_bytes"), ("wall_time_ratio", "wall_seconds")):
+                summary[ratio] = _ratio(mine[key], base[key]) if mine and base else None
     if "strong" in out and "weak" in out:
         s, w = out["strong"]["success"]["mean"], out["weak"]["success"]["mean"]
         for summary in out.values():
@@ -88,7 +88,3 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 def _on_shared_tasks(a: list[dict], b: list[dict]) -> tuple[list[dict], list[dict]]:
     shared = {r["task_id"] for r in a} & {r["task_id"] for r in b}
     return [r for r in a if r["task_id"] in shared], [r for r in b if r["task_id"] in shared]
-
-
-def _sum(records: list[dict], key: str) -> float:
-    return summarize_mode(records)[key] if records else 0.0

@@ -13,7 +13,6 @@ accounting, so their numbers compare with SpecAgent's one for one.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from specagent.config import CollectConfig, EnvConfig, MineConfig, dump_config
 from specagent.core.classify import classify_tools
-from specagent.core.types import Trajectory
+from specagent.core.types import Message, Trajectory
 from specagent.data.datasets import finalize
 from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, replay_jobs, restore
 from specagent.data.trajectories import read_trajectories, write_trajectories
@@ -97,18 +97,15 @@ def collect_from_config(cfg: CollectConfig) -> Path:
     finally:
         pool.close()
     read_only = classify_tools(env.tool_specs(), cfg.env.read_only, cfg.env.write)
-    tools = [spec.__class__(spec.name, spec.description, spec.parameters, read_only[spec.name])
-             for spec in env.tool_specs()]
+    tools = [replace(spec, read_only=read_only[spec.name]) for spec in env.tool_specs()]
     trajectories = [
-        Trajectory.from_json({
-            "id": f"{env.name}:{r['task_id']}:{r['trial']}", "task_id": r["task_id"], "tools": [],
-            "messages": r["messages"], "reward": r["reward"], "source": f"collect:{env.name}",
-            "model": r["models"].get("strong", ""), "meta": {"stop_reason": r["stop_reason"]},
-        })
+        Trajectory(
+            id=f"{env.name}:{r['task_id']}:{r['trial']}", task_id=str(r["task_id"]), tools=tools,
+            messages=[Message.from_openai(m) for m in r["messages"]], reward=r["reward"],
+            source=f"collect:{env.name}", model=r["models"].get("strong", ""), meta={"stop_reason": r["stop_reason"]},
+        )
         for r in records if cfg.min_reward is None or r["reward"] >= cfg.min_reward
     ]
-    for t in trajectories:
-        t.tools = tools
     write_trajectories(out, trajectories)
     print(f"{len(trajectories)} trajectories -> {out} (mean reward "
           f"{sum(t.reward or 0 for t in trajectories) / max(len(trajectories), 1):.2f})")

@@ -9,7 +9,6 @@ import pytest
 
 from specagent.core.classify import classify_tools
 from specagent.core.errors import EngineUnavailable
-from specagent.core.interfaces import ModelCost
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import DraftedStep, Message, StepKind, ToolCall, Trajectory
 from specagent.data.datasets import finalize
