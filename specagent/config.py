@@ -51,8 +51,34 @@ class EngineConfig(Strict):
         return tuple((k, repr(v)) for k, v in self.model_dump().items() if k != "adapters")
 
 
+class AirlineEnvSettings(Strict):
+    """The live tau-bench airline domain (specagent/envs/airline): data the user points at."""
+
+    data_dir: str  # holds flights.json, users.json, reservations.json (not shipped)
+    runs: Optional[str] = None  # tau-bench runs file: its `info.task` records are the tasks
+    user: Literal["ticket", "simulated"] = "ticket"
+
+
+class McpServerSettings(Strict):
+    """One MCP server: a stdio command or a streamable-HTTP url."""
+
+    name: str
+    command: Optional[list[str]] = None
+    url: Optional[str] = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class McpEnvSettings(Strict):
+    """Tools from MCP servers (specagent/envs/mcp); tasks from a YAML/JSONL file."""
+
+    servers: list[McpServerSettings] = Field(default_factory=list, min_length=1)
+    tasks_path: Optional[str] = None
+
+
 class EnvConfig(Strict):
-    name: Literal["store"] = "store"
+    name: Literal["store", "airline", "mcp"] = "store"
+    airline: Optional[AirlineEnvSettings] = None  # name: airline
+    mcp: Optional[McpEnvSettings] = None  # name: mcp
     tasks_path: Optional[str] = None  # a JSONL task file instead of the built-in tasks
     task_ids: Optional[list[str]] = None
     limit: Optional[int] = Field(None, gt=0)  # the first N tasks

@@ -26,6 +26,14 @@ def build_env(cfg: EnvConfig) -> Environment:
             from specagent.envs.store import StoreEnv
 
             return StoreEnv(tasks_path=cfg.tasks_path) if cfg.tasks_path else StoreEnv()
+        case "airline":
+            from specagent.envs.airline import env_from_config
+
+            return env_from_config(cfg)
+        case "mcp":
+            from specagent.envs.mcp import env_from_config
+
+            return env_from_config(cfg)
     raise ConfigError(f"env.name: unknown environment {cfg.name!r}")
 
 
