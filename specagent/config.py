@@ -88,9 +88,19 @@ class EnvConfig(Strict):
 
 
 class VerifierConfig(Strict):
-    kind: Literal["generative"] = "generative"
-    adapter: Optional[str] = None  # a verdict adapter name on the strong engine
+    """How the strong model judges a drafted segment: a decoded verdict or a trained head."""
+
+    kind: Literal["generative", "head"] = "generative"
+    adapter: Optional[str] = None  # generative: a verdict adapter name on the strong engine
+    head: Optional[str] = None  # head: a `specagent export` dir of a verdict head
+    threshold: Optional[float] = Field(None, gt=0.0, lt=1.0)  # head: None = the calibrated one
     max_tokens: int = Field(8, gt=0)
+
+    @model_validator(mode="after")
+    def _head_needs_path(self) -> "VerifierConfig":
+        if self.kind == "head" and not self.head:
+            raise ValueError("verifier kind 'head' needs `head:` (the export dir of a verdict head)")
+        return self
 
 
 class ProtocolSettings(Strict):
