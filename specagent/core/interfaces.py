@@ -50,6 +50,35 @@ class Completion:
     finish_reason: str = "stop"
 
 
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Read the next-token log-probabilities of ``candidates`` at ``positions`` of a prompt
+    given as token ids, in one prefill (a verdict head: no token is decoded)."""
+
+    token_ids: Sequence[int]
+    positions: Sequence[int]
+    candidates: Sequence[int]
+    adapter: str | None = None
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Per position, the log-probability of each candidate token; and what the prefill cost."""
+
+    logprobs: list[list[float]]
+    usage: Usage
+
+
+@runtime_checkable
+class TokenScorer(Protocol):
+    """An engine that can score prompt positions (transformers, vLLM via prompt_logprobs)."""
+
+    model_name: str
+    tokenizer: Any
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scores]: ...
+
+
 @runtime_checkable
 class ChatEngine(Protocol):
     """A model behind chat-with-tools. Batched: one call may carry many requests."""

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 from specagent.core.types import Message, Trajectory
 from specagent.core.verify import verify_messages
 from specagent.data.mine import Shard, step_from_json
+from specagent.engines.verdict_head import step_message_indices
 
 
 def canonical_arguments(arguments: dict[str, Any]) -> str:
@@ -95,8 +96,7 @@ def verdict_rows(segments: Sequence[dict[str, Any]], by_id: dict[str, Trajectory
             continue
         context = traj.messages[: seg["cut"]]
         messages = verify_messages(context, verifiable)
-        indices = [len(context) + sum(1 + max(len(s.observations), len(s.message.tool_calls)) for s in verifiable[:j])
-                   for j in range(len(verifiable))]
+        indices = step_message_indices(len(context), verifiable)
         labels = seg["labels"][: len(verifiable)]
         out[split[traj.task_id]].append({
             "segment_id": seg["id"],

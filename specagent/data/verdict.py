@@ -7,27 +7,12 @@ are ints, never bools: a bool tensor would turn -100 into True.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 from specagent.core.types import Message, ToolSpec
-from specagent.engines.render import render_prompt
+from specagent.engines.verdict_head import boundary_positions
 
 IGNORE = -100
-STEP_END = "<|im_end|>"
-
-
-def boundary_positions(tokenizer: Any, messages: Sequence[Message], tools: Sequence[ToolSpec],
-                       step_indices: Sequence[int]) -> tuple[list[int], list[int]]:
-    """(token ids of the whole verify prompt, position of each step's closing token)."""
-    ids = tokenizer(render_prompt(tokenizer, messages, tools), add_special_tokens=False)["input_ids"]
-    end_id = tokenizer.convert_tokens_to_ids(STEP_END)
-    positions = []
-    for index in step_indices:
-        prefix = render_prompt(tokenizer, messages[: index + 1], tools, add_generation_prompt=False)
-        n = len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
-        position = max(i for i in range(n) if ids[i] == end_id)
-        positions.append(position)
-    return ids, positions
 
 
 def token_labels(tokenizer: Any, example: dict[str, Any]) -> dict[str, list[int]]:

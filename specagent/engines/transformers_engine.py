@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from specagent.core.errors import ContextLengthExceeded, EngineError
-from specagent.core.interfaces import ChatRequest, Completion, ModelCost
+from specagent.core.interfaces import ChatRequest, Completion, ModelCost, ScoreRequest, Scores
 from specagent.core.toolcalls import parse_assistant_text
 from specagent.core.types import Usage
 from specagent.engines.models import materialize
@@ -139,6 +139,38 @@ class TransformersEngine:
                 for i, gen in zip(chunk, generated):
                     results[i] = self._completion(requests[i], len(prompts[i]), gen, share)
         return results  # type: ignore[return-value]
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scores]:
+        """Candidate log-probabilities at chosen positions: one prefill per request, nothing decoded."""
+        for request in requests:
+            self._ensure_adapter(request.adapter)
+            if len(request.token_ids) > self.max_model_len:
+                raise ContextLengthExceeded(f"{self.model_name}: scoring a prompt of {len(request.token_ids)} "
+                                            f"tokens > max_model_len {self.max_model_len}")
+        out = []
+        for request in requests:
+            began = time.perf_counter()
+            logprobs = self._score_with(request)
+            usage = Usage(prompt_tokens=len(request.token_ids), seconds=time.perf_counter() - began)
+            out.append(Scores(logprobs=logprobs, usage=usage))
+        return out
+
+    def _score_with(self, request: ScoreRequest) -> list[list[float]]:
+        if request.adapter is not None:
+            self.model.set_adapter(request.adapter)
+            return self._score(request)
+        if not self.adapters:
+            return self._score(request)
+        with self.model.disable_adapter():
+            return self._score(request)
+
+    @torch.inference_mode()
+    def _score(self, request: ScoreRequest) -> list[list[float]]:
+        ids = torch.tensor([list(request.token_ids)], dtype=torch.long)
+        keep = torch.tensor(list(request.positions), dtype=torch.long)  # logits at these positions only
+        logits = self.model(input_ids=ids, logits_to_keep=keep).logits[0].float()
+        logprobs = torch.log_softmax(logits, dim=-1)[:, list(request.candidates)]
+        return logprobs.tolist()
 
     def _prompt_ids(self, request: ChatRequest) -> list[int]:
         text = render_prompt(self.tokenizer, request.messages, request.tools)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specagent.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable
-from specagent.core.interfaces import ChatRequest, Completion, ModelCost
+from specagent.core.interfaces import ChatRequest, Completion, ModelCost, ScoreRequest, Scores
 from specagent.core.toolcalls import parse_assistant_text
 from specagent.core.types import Usage
 from specagent.engines.models import materialize
@@ -97,6 +97,38 @@ class VLLMEngine:
         outputs = self._generate(prompts, params, loras)
         share = (time.perf_counter() - began) / len(requests)
         return [self._completion(r, out, share) for r, out in zip(requests, outputs)]
+
+    def score(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[Scores]:
+        """Candidate log-probabilities at chosen prompt positions, from `prompt_logprobs` in one
+        prefill per request (adapters mixed in one batch).
+
+        vLLM reports, for every prompt position, the top-k next tokens and the actual one.
+        A verdict head is trained to put its mass on its candidate tokens, so they are among
+        the top k; a candidate that is not is given the k-th log-probability (an upper bound).
+        vLLM must sample one token per request: it comes from the prefill's last logits (no
+        decode pass), is discarded, and is not counted as decoded.
+        """
+        from vllm import SamplingParams
+
+        if self.llm is None:
+            raise EngineUnavailable(f"{self.model_name}: the vLLM engine was closed")
+        if not requests:
+            return []
+        for request in requests:
+            if len(request.token_ids) + 1 > self.max_model_len:
+                raise ContextLengthExceeded(f"{self.model_name}: scoring a prompt of {len(request.token_ids)} "
+                                            f"tokens > max_model_len {self.max_model_len}")
+            if any(p + 1 >= len(request.token_ids) for p in request.positions):
+                raise EngineError("score: a position must be followed by a prompt token (vLLM reads its distribution there)")
+        params = SamplingParams(max_tokens=1, prompt_logprobs=top_k, detokenize=False, temperature=0.0)
+        began = time.perf_counter()
+        outputs = self._generate([list(r.token_ids) for r in requests], [params] * len(requests),
+                                 [self._lora_for(r.adapter) for r in requests])
+        share = (time.perf_counter() - began) / len(requests)
+        return [Scores(logprobs=[_candidate_logprobs(out.prompt_logprobs[p + 1], r.candidates) for p in r.positions],
+                       usage=Usage(prompt_tokens=len(out.prompt_token_ids), cached_tokens=out.num_cached_tokens or 0,
+                                   seconds=share))
+                for r, out in zip(requests, outputs)]
 
     def close(self) -> None:
         """Stop vLLM's engine-core and worker processes; the engine answers no more requests."""
@@ -189,6 +221,11 @@ class VLLMEngine:
         )
         return Completion(text=text, message=message, usage=usage, malformed=malformed,
                           finish_reason=generated.finish_reason or "stop")
+
+
+def _candidate_logprobs(position: dict[int, Any], candidates: Sequence[int]) -> list[float]:
+    floor = min(entry.logprob for entry in position.values())
+    return [position[c].logprob if c in position else floor for c in candidates]
 
 
 def _stop_token_ids(tokenizer: Any) -> set[int]:

@@ -48,15 +48,11 @@ def model_dir(model: str, gguf_file: str | None) -> str:
     return materialize(model, gguf_file)
 
 
-HEADS = ["score", "classifier"]  # token-classification heads: trained in full (modules_to_save), never LoRA'd
-
-
 def lora_config(settings: LoraSettings, task_type: str | None) -> Any:
     from peft import LoraConfig
 
-    exclude = HEADS if task_type == "TOKEN_CLS" else None  # `all-linear` would otherwise wrap the head too
     return LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                      target_modules=settings.target_modules, exclude_modules=exclude, task_type=task_type)
+                      target_modules=settings.target_modules, task_type=task_type)
 
 
 def training_kwargs(opt: OptimSettings, output_dir: str) -> dict[str, Any]:

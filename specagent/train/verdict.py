@@ -1,19 +1,20 @@
 """`specagent train verdict`: the strong model's verdict, as a head or as a generative adapter.
 
-- `kind: head`: the strong model's backbone with LoRA and a one-logit token
-  classification head (transformers `*ForTokenClassification`, `num_labels=1`; peft
-  keeps the head trainable and saves it with the adapter). The head reads the hidden
-  state at each drafted step's boundary (the `<|im_end|>` closing the step in the
-  rendered verify prompt, `specagent.data.verdict.token_labels`) and gives
-  P(valid | prefix); binary cross-entropy at the boundaries only. One forward pass
-  scores every step; the verdict is the longest prefix above a threshold calibrated on
-  the validation split for a target false-accept rate; no token is decoded.
+- `kind: head`: a LoRA adapter on the strong model read as a classifier
+  (`specagent.engines.verdict_head`): at the `<|im_end|>` closing each drafted step in
+  the rendered verify prompt, P(valid | prefix) = sigmoid(logit[yes] - logit[no]) of the
+  next-token logits. The loss is binary cross-entropy on that difference at the
+  boundaries only (labels 0/1 there, -100 elsewhere), plus a small term that keeps the
+  two tokens' probability mass high so that vLLM's `prompt_logprobs` (top-k) always
+  reports both. One forward pass scores every step; the verdict is the longest prefix
+  above a threshold calibrated on validation for a target false-accept rate; no token is
+  decoded. Being a plain causal-LM LoRA, the same engine that repairs serves it.
 - `kind: generative`: SFT (TRL) of a LoRA adapter on the verify prompt -> concise
   verdict (`prompt`/`completion`) pairs, the verdict the runtime parses.
 
 Output under `output_dir`: checkpoints, `adapter/` (+ `verdict.json`: kind, threshold,
-base model), `metrics.json` (validation figures, `verdict_metrics.py`), `log.jsonl`,
-`config.yaml`, `versions.json`.
+tokens, base model), `metrics.json` (validation figures, `verdict_metrics.py`),
+`log.jsonl`, `config.yaml`, `versions.json`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Sequence
 from specagent.config import VerdictTrainConfig
 from specagent.core.errors import ConfigError
 from specagent.data.verdict import IGNORE, token_labels
+from specagent.engines.verdict_head import HeadSpec, probability
 from specagent.train.common import (
     DTYPES, JsonlLog, is_main_process, load_splits, load_tokenizer, lora_config, model_dir, resume_checkpoint,
     set_threads, training_kwargs, write_run_info,
@@ -96,29 +98,45 @@ class BoundaryCollator:
 # --------------------------------------------------------------------- head model and trainer
 
 
-def boundary_loss(logits: Any, labels: Any) -> Any:
-    """Binary cross-entropy of the one-logit head at the step boundaries only."""
+MASS_WEIGHT = 0.1  # weight of -log(P(yes) + P(no)) at the boundaries
+
+
+def boundary_logprobs(model: Any, batch: dict[str, Any], candidates: tuple[int, int]) -> tuple[Any, Any]:
+    """(log-probs of the (yes, no) tokens at every boundary of the batch [n, 2], their labels [n]).
+    Only the boundary positions go through the LM head (`logits_to_keep`)."""
+    import torch
+
+    labels = batch["labels"]
+    rows, positions = (labels != IGNORE).nonzero(as_tuple=True)
+    keep = torch.unique(positions)  # sorted
+    device = next(model.parameters()).device
+    logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                   logits_to_keep=keep.to(device)).logits
+    columns = torch.searchsorted(keep, positions).to(device)
+    picked = torch.log_softmax(logits[rows.to(device), columns].float(), dim=-1)[:, list(candidates)]
+    return picked, labels[rows, positions].to(device)
+
+
+def boundary_loss(logprobs: Any, labels: Any) -> Any:
+    """BCE of sigmoid(logit[yes] - logit[no]) at the boundaries, plus the mass term."""
     import torch.nn.functional as F
 
-    scores = logits.squeeze(-1)
-    mask = labels != IGNORE
-    if not bool(mask.any()):
-        return scores.sum() * 0.0  # keeps the graph (and DDP) alive on a batch without boundaries
-    return F.binary_cross_entropy_with_logits(scores[mask].float(), labels[mask].float())
+    if logprobs.numel() == 0:
+        return logprobs.sum() * 0.0
+    margin = logprobs[:, 0] - logprobs[:, 1]
+    mass = -logprobs.logsumexp(dim=-1).mean()
+    return F.binary_cross_entropy_with_logits(margin, labels.float()) + MASS_WEIGHT * mass
 
 
 def head_model(cfg: VerdictTrainConfig, model: Any = None) -> Any:
-    """The strong model as a one-logit token classifier with LoRA (the head stays trainable)."""
+    """The strong model (causal LM) with LoRA; the head is read from its yes/no logits."""
     from peft import get_peft_model
 
     if model is None:
-        from transformers import AutoModelForTokenClassification
+        from transformers import AutoModelForCausalLM
 
-        model = AutoModelForTokenClassification.from_pretrained(model_dir(cfg.model, cfg.gguf_file), num_labels=1,
-                                                                dtype=DTYPES[cfg.dtype])
-    if model.config.num_labels != 1:
-        raise ConfigError(f"a verdict head has one logit; the model has num_labels={model.config.num_labels}")
-    return get_peft_model(model, lora_config(cfg.lora, "TOKEN_CLS"))
+        model = AutoModelForCausalLM.from_pretrained(model_dir(cfg.model, cfg.gguf_file), dtype=DTYPES[cfg.dtype])
+    return get_peft_model(model, lora_config(cfg.lora, "CAUSAL_LM"))
 
 
 def _verdict_trainer_class():
@@ -127,15 +145,15 @@ def _verdict_trainer_class():
     class VerdictTrainer(Trainer):
         """A Trainer whose loss is `boundary_loss` (mean over the micro-batch's boundaries)."""
 
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args, candidates: tuple[int, int], **kwargs):
             super().__init__(*args, **kwargs)
+            self.candidates = candidates
             self.model_accepts_loss_kwargs = False  # the loss is a per-batch mean: the Trainer scales for GA
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            labels = inputs.pop("labels")
-            outputs = model(**inputs)
-            loss = boundary_loss(outputs.logits, labels)
-            return (loss, outputs) if return_outputs else loss
+            logprobs, labels = boundary_logprobs(model, inputs, self.candidates)
+            loss = boundary_loss(logprobs, labels)
+            return (loss, logprobs) if return_outputs else loss
 
     return VerdictTrainer
 
@@ -153,32 +171,29 @@ def head_trainer(cfg: VerdictTrainConfig, model: Any = None, tokenizer: Any = No
     args = TrainingArguments(**{"remove_unused_columns": False, "label_names": ["labels"],
                                 **training_kwargs(cfg.train, cfg.output_dir)})
     trainer = _verdict_trainer_class()(
-        model=head_model(cfg, model), args=args, train_dataset=train,
+        model=head_model(cfg, model), args=args, train_dataset=train, candidates=HeadSpec().token_ids(tokenizer),
         data_collator=BoundaryCollator(tokenizer.pad_token_id),
         processing_class=tokenizer, callbacks=[JsonlLog(Path(cfg.output_dir) / "log.jsonl")],
     )
     return trainer, validation
 
 
-def score_boundaries(model: Any, dataset: Any, collator: BoundaryCollator, batch_size: int = 1
-                     ) -> tuple[list[list[float]], list[list[int]]]:
+def score_boundaries(model: Any, dataset: Any, collator: BoundaryCollator, candidates: tuple[int, int],
+                     batch_size: int = 1) -> tuple[list[list[float]], list[list[int]]]:
     """P(valid | prefix) at every boundary of every example (one forward pass each), with the labels."""
     import torch
 
     scores, labels = [], []
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
     try:
         with torch.inference_mode():
             for start in range(0, len(dataset), batch_size):
-                batch = collator([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
-                logits = model(input_ids=batch["input_ids"].to(device),
-                               attention_mask=batch["attention_mask"].to(device)).logits.squeeze(-1).float().cpu()
-                for row_logits, row_labels in zip(logits, batch["labels"]):
-                    mask = row_labels != IGNORE
-                    scores.append(torch.sigmoid(row_logits[mask]).tolist())
-                    labels.append(row_labels[mask].tolist())
+                for i in range(start, min(start + batch_size, len(dataset))):
+                    batch = collator([dataset[i]])
+                    logprobs, labs = boundary_logprobs(model, batch, candidates)
+                    scores.append([probability(y, n) for y, n in logprobs.tolist()])
+                    labels.append(labs.tolist())
     finally:
         model.train(was_training)
     return scores, labels
@@ -191,7 +206,8 @@ def evaluate_head(cfg: VerdictTrainConfig, trainer: Any, validation: Any) -> dic
     if validation is None or len(validation) == 0:
         return {"validation": None, "threshold": 0.5}
     rows = validation.select(range(min(cfg.eval_limit or len(validation), len(validation))))
-    scores, labels = score_boundaries(trainer.model, rows, trainer.data_collator, cfg.train.batch_size)
+    scores, labels = score_boundaries(trainer.model, rows, trainer.data_collator, trainer.candidates,
+                                      cfg.train.batch_size)
     threshold = calibrate(scores, labels, cfg.target_false_accept)
     return {"threshold": threshold, "at_0.5": head_metrics(scores, labels, 0.5),
             "calibrated": head_metrics(scores, labels, threshold), "target_false_accept": cfg.target_false_accept}
@@ -271,10 +287,12 @@ def save_verdict(cfg: VerdictTrainConfig, trainer: Any, metrics: dict[str, Any])
     trainer.save_model(str(out / "adapter"))
     if trainer.is_world_process_zero():
         trainer.processing_class.save_pretrained(str(out / "adapter"))
-        card = {"kind": cfg.kind, "base_model": cfg.model, "gguf_file": cfg.gguf_file,
-                "threshold": metrics.get("threshold"), "boundary_token": "<|im_end|>",
-                "target_false_accept": cfg.target_false_accept}
-        (out / "adapter" / "verdict.json").write_text(json.dumps(card, indent=2))
+        if cfg.kind == "head":
+            HeadSpec(threshold=metrics.get("threshold", 0.5), base_model=cfg.model).save(
+                out / "adapter", gguf_file=cfg.gguf_file, target_false_accept=cfg.target_false_accept)
+        else:
+            (out / "adapter" / "verdict.json").write_text(json.dumps(
+                {"kind": "generative", "base_model": cfg.model, "gguf_file": cfg.gguf_file}, indent=2))
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
         print(f"adapter: {out / 'adapter'}   metrics: {out / 'metrics.json'}")
         summary = metrics.get("calibrated") or metrics.get("validation")

@@ -68,17 +68,26 @@ def test_collator_refuses_bool_and_non_label_values(tokenizer):
     assert collate([{"input_ids": [1, 2, 3], "labels": [-100, True, False]}])["labels"].tolist() == [[-100, 1, 0]]
 
 
-def test_boundary_loss_reads_only_boundaries():
+def test_boundary_logprobs_read_only_boundaries_and_the_loss_is_bce_on_the_margin(tiny_causal_lm, tokenizer):
     import torch
 
-    from specagent.train.verdict import boundary_loss
+    from specagent.train.verdict import MASS_WEIGHT, boundary_logprobs, boundary_loss
 
-    labels = torch.tensor([[-100, 1, -100, 0]])
-    logits = torch.tensor([[[50.0], [2.0], [-50.0], [-1.0]]])
-    expected = (math.log1p(math.exp(-2.0)) + math.log1p(math.exp(-1.0))) / 2
-    assert boundary_loss(logits, labels).item() == pytest.approx(expected, rel=1e-5)
-    logits[0, 0, 0], logits[0, 2, 0] = -50.0, 50.0  # non-boundary positions do not matter
-    assert boundary_loss(logits, labels).item() == pytest.approx(expected, rel=1e-5)
+    yes, no = tokenizer("yes", add_special_tokens=False)["input_ids"][0], tokenizer("no", add_special_tokens=False)["input_ids"][0]
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 0, 0]])
+    batch = {"input_ids": ids, "attention_mask": (ids != 0).long(),
+             "labels": torch.tensor([[-100, 1, -100, -100, 0, -100], [-100, -100, 1, -100, -100, -100]])}
+    logprobs, labels = boundary_logprobs(tiny_causal_lm, batch, (yes, no))
+    full = torch.log_softmax(tiny_causal_lm(input_ids=ids, attention_mask=batch["attention_mask"]).logits, -1)
+    expected = torch.stack([full[0, 1, [yes, no]], full[0, 4, [yes, no]], full[1, 2, [yes, no]]])
+    assert labels.tolist() == [1, 0, 1]
+    assert torch.allclose(logprobs, expected, atol=1e-5)
+
+    pairs = torch.log(torch.tensor([[0.6, 0.2], [0.3, 0.5]]))
+    margin = [math.log(3.0), math.log(0.6)]
+    bce = (math.log1p(math.exp(-margin[0])) + math.log1p(math.exp(margin[1]))) / 2
+    mass = -(math.log(0.8) + math.log(0.8)) / 2
+    assert boundary_loss(pairs, torch.tensor([1, 0])).item() == pytest.approx(bce + MASS_WEIGHT * mass, rel=1e-5)
 
 
 def test_head_trains_scores_every_step_with_zero_decoding_and_resumes(mined, tokenizer, tmp_path):
@@ -86,22 +95,19 @@ def test_head_trains_scores_every_step_with_zero_decoding_and_resumes(mined, tok
 
     import torch
     from safetensors.torch import load_file
-    from transformers import LlamaForTokenClassification
+    from transformers import LlamaForCausalLM
 
     from specagent.train.verdict import train_verdict
     from tests.train.conftest import tiny_llama_config
 
     torch.manual_seed(0)
-    model = LlamaForTokenClassification(tiny_llama_config(tokenizer, num_labels=1))
-    base, head_before = copy.deepcopy(model), model.score.weight.detach().clone()
-    cfg = verdict_cfg(mined, tmp_path, "train.max_steps=2", "train.save_steps=1", "train.batch_size=2",
-                      "lora.target_modules=all-linear")  # every linear layer but the head, which is trained in full
+    model = LlamaForCausalLM(tiny_llama_config(tokenizer))
+    base = copy.deepcopy(model)
+    cfg = verdict_cfg(mined, tmp_path, "train.max_steps=2", "train.save_steps=1", "train.batch_size=2")
     metrics = train_verdict(cfg, model, tokenizer)
     out = tmp_path / "out"
     assert metrics["global_step"] == 2
     saved = load_file(str(out / "adapter" / "adapter_model.safetensors"))
-    head = next(w for k, w in saved.items() if k.endswith("score.weight"))
-    assert not torch.equal(head, head_before)  # the head is trained and saved with the adapter
     assert any("lora_B" in k and torch.count_nonzero(w) > 0 for k, w in saved.items())
     calibrated = metrics["calibrated"]
     assert calibrated["decoded_tokens_per_verdict"] == 0.0
@@ -109,13 +115,55 @@ def test_head_trains_scores_every_step_with_zero_decoding_and_resumes(mined, tok
     assert calibrated["false_accept_rate"] is None or calibrated["false_accept_rate"] <= cfg.target_false_accept
     assert 0.0 <= (calibrated["auroc"] if calibrated["auroc"] is not None else 0.5) <= 1.0
     card = json.loads((out / "adapter" / "verdict.json").read_text())
-    assert card["kind"] == "head" and card["threshold"] == metrics["threshold"]
+    assert card["kind"] == "head" and card["threshold"] == metrics["threshold"] and card["yes"] == "yes"
 
     again = load_config(VerdictTrainConfig, out / "config.yaml", ["train.max_steps=3"])
-    assert train_verdict(again, base, tokenizer)["global_step"] == 3
+    assert train_verdict(again, copy.deepcopy(base), tokenizer)["global_step"] == 3
     steps = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()
              if "loss" in json.loads(line)]
     assert steps == [1, 2, 3]
+
+
+def test_the_runtime_head_verifier_reads_what_training_scored(mined, tokenizer, tmp_path, verdict_rows):
+    """Train/serve parity: the HeadVerifier on the transformers engine gives, for a validation
+    segment, the probabilities the training-time scorer computed, and decodes nothing."""
+    import copy
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from specagent.core.types import Message, Segment, ToolSpec
+    from specagent.data.mine import step_from_json
+    from specagent.engines.transformers_engine import TransformersEngine
+    from specagent.engines.verdict_head import HeadVerifier
+    from specagent.train.verdict import BoundaryCollator, boundary_example, score_boundaries, train_verdict
+    from tests.train.conftest import tiny_llama_config
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(tiny_llama_config(tokenizer))
+    train_verdict(verdict_cfg(mined, tmp_path, "train.max_steps=1"), copy.deepcopy(base), tokenizer)
+    engine = TransformersEngine.from_model(base, tokenizer, max_model_len=10**6, threads=1)
+    verifier = HeadVerifier(engine, tmp_path / "out", threshold=0.5)
+
+    from datasets import load_from_disk
+
+    segments = {r["id"]: r for r in load_from_disk(str(mined / "segments"))["validation"]}
+    row = next(r for r in verdict_rows["validation"] if len(r["labels"]) >= 2)
+    segment_row = segments[row["segment_id"]]
+    steps = [s for s in (step_from_json(j) for j in segment_row["steps"]) if s.kind.value != "malformed"]
+    messages = [Message.from_openai(m) for m in row["messages"]]
+    context = messages[: row["step_message_indices"][0]]
+    tools = [ToolSpec.from_openai(t) for t in row["tools"]]
+    verdict, usages = verifier.verify(context, tools, Segment(len(context), tuple(steps), "held"))
+
+    peft = engine.model
+    peft.set_adapter(verifier.adapter)
+    example = boundary_example(tokenizer, row, None)
+    trained, _ = score_boundaries(peft, [example], BoundaryCollator(tokenizer.pad_token_id), verifier.candidates)
+    assert list(verdict.scores) == pytest.approx(trained[0], abs=1e-5)
+    assert len(verdict.scores) == len(row["labels"])
+    assert [u.completion_tokens for _, u in usages] == [0]
+    assert usages[0][1].prompt_tokens == len(example["input_ids"])
 
 
 def test_generative_adapter_learns_only_the_verdict(mined, tokenizer, tiny_causal_lm, tmp_path, verdict_rows):

@@ -1,0 +1,139 @@
+"""A trained verdict head, served by any engine that can score prompt positions.
+
+The head is a LoRA adapter on the strong model (`specagent train verdict`, kind `head`).
+At the `<|im_end|>` that closes each drafted step in the rendered verify prompt, the
+adapter's next-token logits of two chosen tokens give
+
+    P(valid | prefix) = sigmoid(logit[yes] - logit[no])
+
+so one prefill scores every step and nothing is decoded. The verdict is the longest
+prefix whose steps all score at or above the threshold (calibrated on validation data
+at training time). Because the head is a plain LoRA adapter on the causal LM, the
+engine that repairs steps serves it too: transformers reads the two logits directly,
+vLLM reads them from `prompt_logprobs` (see `VLLMEngine.score`).
+
+Training (`specagent.data.verdict`, `specagent.train.verdict`) and serving use the same
+functions here, so the positions read are the positions trained.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from specagent.core.errors import ConfigError
+from specagent.core.interfaces import ScoreRequest, TokenScorer
+from specagent.core.types import DraftedStep, Message, Segment, ToolSpec, Usage, Verdict
+from specagent.core.verify import verify_messages
+from specagent.engines.render import render_prompt
+
+HEAD_FILE = "verdict.json"
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """What a head reads (`verdict.json` next to its adapter)."""
+
+    yes: str = "yes"
+    no: str = "no"
+    boundary: str = "<|im_end|>"
+    threshold: float = 0.5
+    base_model: str | None = None
+    kind: str = "head"
+
+    def token_ids(self, tokenizer: Any) -> tuple[int, int]:
+        ids = []
+        for word in (self.yes, self.no):
+            pieces = tokenizer(word, add_special_tokens=False)["input_ids"]
+            if len(pieces) != 1:
+                raise ConfigError(f"verdict head token {word!r} is {len(pieces)} tokens in this tokenizer; "
+                                  "it must be exactly one")
+            ids.append(pieces[0])
+        return ids[0], ids[1]
+
+    def save(self, adapter_dir: str | Path, **extra: Any) -> None:
+        (Path(adapter_dir) / HEAD_FILE).write_text(json.dumps({**asdict(self), **extra}, indent=2))
+
+    @classmethod
+    def load(cls, adapter_dir: str | Path) -> "HeadSpec":
+        data = json.loads((Path(adapter_dir) / HEAD_FILE).read_text())
+        if data.get("kind", "head") != "head":
+            raise ConfigError(f"{adapter_dir}: a {data.get('kind')!r} verdict adapter, not a head")
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def head_adapter_dir(path: str | Path) -> Path:
+    """The adapter dir of a head: the dir itself, or its `adapter/` (training outputs, exports)."""
+    path = Path(path)
+    for candidate in (path, path / "adapter"):
+        if (candidate / HEAD_FILE).is_file() and (candidate / "adapter_config.json").is_file():
+            return candidate
+    raise ConfigError(f"{path}: no verdict head here (expected {HEAD_FILE} and adapter_config.json, "
+                      "from `specagent train verdict` with kind head or `specagent export`)")
+
+
+def step_message_indices(context_len: int, steps: Sequence[DraftedStep]) -> list[int]:
+    """Index of each drafted step's assistant message in `verify_messages(context, steps)`."""
+    out, index = [], context_len
+    for step in steps:
+        out.append(index)
+        index += 1 + max(len(step.observations), len(step.message.tool_calls))
+    return out
+
+
+def boundary_positions(tokenizer: Any, messages: Sequence[Message], tools: Sequence[ToolSpec],
+                       step_indices: Sequence[int], boundary: str = "<|im_end|>") -> tuple[list[int], list[int]]:
+    """(token ids of the whole verify prompt, position of the token closing each step)."""
+    ids = tokenizer(render_prompt(tokenizer, messages, tools), add_special_tokens=False)["input_ids"]
+    end_id = tokenizer.convert_tokens_to_ids(boundary)
+    positions = []
+    for index in step_indices:
+        prefix = render_prompt(tokenizer, messages[: index + 1], tools, add_generation_prompt=False)
+        n = len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
+        positions.append(max(i for i in range(n) if ids[i] == end_id))
+    return ids, positions
+
+
+def probability(logprob_yes: float, logprob_no: float) -> float:
+    """sigmoid(logit[yes] - logit[no]); the softmax normaliser cancels in the difference."""
+    return 1.0 / (1.0 + math.exp(logprob_no - logprob_yes))
+
+
+def accepted_prefix(probs: Sequence[float], threshold: float) -> int:
+    for i, p in enumerate(probs):
+        if p < threshold:
+            return i
+    return len(probs)
+
+
+class HeadVerifier:
+    """Verdicts from a trained head on the strong engine: one prefill, zero decoded tokens."""
+
+    def __init__(self, engine: TokenScorer, head: str | Path, threshold: float | None = None,
+                 adapter: str | None = None) -> None:
+        self.engine = engine
+        self.adapter_dir = head_adapter_dir(head)
+        self.spec = HeadSpec.load(self.adapter_dir)
+        self.threshold = self.spec.threshold if threshold is None else threshold
+        self.adapter = adapter or str(self.adapter_dir)
+        self.candidates = self.spec.token_ids(engine.tokenizer)
+
+    def probabilities(self, context: Sequence[Message], tools: Sequence[ToolSpec],
+                      steps: Sequence[DraftedStep]) -> tuple[list[float], Usage]:
+        messages = verify_messages(context, steps)
+        ids, positions = boundary_positions(self.engine.tokenizer, messages, tools,
+                                            step_message_indices(len(context), steps), self.spec.boundary)
+        scores = self.engine.score([ScoreRequest(ids, positions, self.candidates, self.adapter)])[0]
+        return [probability(y, n) for y, n in scores.logprobs], scores.usage
+
+    def verify(self, context: Sequence[Message], tools: Sequence[ToolSpec], segment: Segment
+               ) -> tuple[Verdict, list[tuple[str, Usage]]]:
+        steps = segment.verifiable
+        if not steps:
+            return Verdict(accepted=0, raw="(nothing to verify)"), []
+        probs, usage = self.probabilities(context, tools, steps)
+        raw = "head " + " ".join(f"{p:.3f}" for p in probs)
+        return Verdict(accepted=accepted_prefix(probs, self.threshold), raw=raw, scores=tuple(probs)), [("strong", usage)]
