@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specagent.config import CollectConfig, EnvConfig, MineConfig, dump_config
+from specagent.config import CollectConfig, MineConfig, dump_config
 from specagent.core.classify import classify_tools
 from specagent.core.types import Message, Trajectory
 from specagent.data.datasets import finalize
@@ -46,7 +46,8 @@ def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard
         read_only=tuple(cfg.read_only), write=tuple(cfg.write),
     )
     restore_for = None
-    if cfg.env == "replay":
+    env_cfg = None if cfg.env == "replay" else cfg.live_env_config()
+    if env_cfg is None:
         from specagent.envs.replay import ReplayEnv
 
         replay = ReplayEnv(trajectories, read_only=cfg.read_only, write=cfg.write)
@@ -54,8 +55,6 @@ def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard
         def jobs_for(traj, cuts):
             return replay_jobs(replay, traj, cuts, settings.max_draft_steps)
     else:
-        env_cfg = EnvConfig(name=cfg.env, tasks_path=cfg.env_tasks_path)
-
         def make_env():
             return build_env(env_cfg)
 
@@ -71,7 +70,7 @@ def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard
     pool = EnginePool()
     try:
         roles = {"drafter": cfg.drafter} | ({"strong": cfg.strong} if cfg.strong else {})
-        policy = None if cfg.env == "replay" else scripted_policy(build_env(EnvConfig(name=cfg.env)), roles.values())
+        policy = None if env_cfg is None else scripted_policy(build_env(env_cfg), roles.values())
         engines = pool.for_roles(roles, policy)
         mine_shard(trajectories, engines["drafter"], jobs_for, settings, work_dir, shard, engines.get("strong"),
                    restore_for)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 from transformers import TrainerCallback
 
-from specagent.config import AcceptanceSettings, EnvConfig, MineConfig, load_config
+from specagent.config import AcceptanceSettings, MineConfig, load_config
 from specagent.core.classify import classify_tools
 from specagent.core.draft import DraftJob
 from specagent.core.errors import ConfigError
@@ -65,7 +65,7 @@ def _jobs_for(mine: MineConfig, trajectories: list[Trajectory], settings: MineSe
         return lambda traj, cuts: replay_jobs(replay, traj, cuts, settings.max_draft_steps)
     from specagent.serve.runtime import build_env
 
-    env_cfg = EnvConfig(name=mine.env, tasks_path=mine.env_tasks_path)
+    env_cfg = mine.live_env_config()
     return lambda traj, cuts: live_jobs(lambda: build_env(env_cfg), traj, cuts, settings.max_draft_steps,
                                         classify_tools(traj.tools, mine.read_only, mine.write))
 
