@@ -3,7 +3,8 @@
 A policy maps the conversation to the next assistant message (or verdict text). Token
 counts are a fixed function of the text (4 characters a token) so that accounting can
 be checked exactly; an optional latency per token makes the fake as slow as a real
-model for overhead benchmarks.
+model for overhead benchmarks, and one per call (whatever the batch size, as a
+memory-bound forward pass) makes batching pay off as it does on a real engine.
 """
 
 from __future__ import annotations
@@ -38,19 +39,24 @@ class ScriptedEngine:
         cost: ModelCost = ModelCost(weight_bytes=1_000_000, kv_bytes_per_token=1_000),
         prefill_s_per_token: float = 0.0,
         decode_s_per_token: float = 0.0,
+        latency_s: float = 0.0,
     ) -> None:
         self.policy = policy
         self.model_name = model_name
         self.cost = cost
         self.prefill_s_per_token = prefill_s_per_token
         self.decode_s_per_token = decode_s_per_token
+        self.latency_s = latency_s
         self.calls = 0
         self.generated_tokens = 0
 
     def chat(self, requests: Sequence[ChatRequest]) -> list[Completion]:
-        return [self._one(request) for request in requests]
+        if self.latency_s and requests:
+            time.sleep(self.latency_s)  # one wait for the whole batch, shared by its requests
+        share = self.latency_s / len(requests) if requests else 0.0
+        return [self._one(request, share) for request in requests]
 
-    def _one(self, request: ChatRequest) -> Completion:
+    def _one(self, request: ChatRequest, waited: float = 0.0) -> Completion:
         start = time.perf_counter()
         out = self.policy(request.messages, request.tools)
         malformed = None
@@ -65,7 +71,7 @@ class ScriptedEngine:
             time.sleep(delay)
         self.calls += 1
         self.generated_tokens += completion
-        usage = Usage(prompt_tokens=prompt, completion_tokens=completion, seconds=time.perf_counter() - start)
+        usage = Usage(prompt_tokens=prompt, completion_tokens=completion, seconds=time.perf_counter() - start + waited)
         return Completion(text=text, message=message, usage=usage, malformed=malformed)
 
 
