@@ -1,5 +1,6 @@
 """The accounting of DESIGN §3: tokens, forward passes, wall time and memory traffic,
-per model (``strong`` / ``weak``) and role (``draft``, ``verdict``, ``repair``, ``act``).
+per model (``strong`` / ``weak``) and role (``draft``, ``verdict``, ``repair``, ``act``);
+and, for a model behind a remote endpoint (the edge–cloud split), what crossed the network.
 
 Every model call goes through ``Ledger.record`` exactly once.
 """
@@ -26,6 +27,12 @@ class RoleStats:
     decode_passes: int = 0
     seconds: float = 0.0
     memory_bytes: float = 0.0
+    # remote calls only: what crossed the network
+    network_requests: int = 0
+    network_prompt_tokens: int = 0
+    network_completion_tokens: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
 
     @property
     def forward_passes(self) -> int:
@@ -52,6 +59,7 @@ def call_stats(usage: Usage, cost: ModelCost) -> RoleStats:
         prefill_bytes += cost.weight_bytes + cost.kv_bytes_per_token * end
     n, p = usage.completion_tokens, usage.prompt_tokens
     decode_bytes = n * cost.weight_bytes + cost.kv_bytes_per_token * (n * p + n * (n - 1) / 2)
+    remote = usage.requests > 0
     return RoleStats(
         calls=1,
         prompt_tokens=usage.prompt_tokens,
@@ -61,7 +69,23 @@ def call_stats(usage: Usage, cost: ModelCost) -> RoleStats:
         decode_passes=n,
         seconds=usage.seconds,
         memory_bytes=prefill_bytes + decode_bytes,
+        network_requests=usage.requests,
+        network_prompt_tokens=p if remote else 0,
+        network_completion_tokens=n if remote else 0,
+        bytes_sent=usage.bytes_sent,
+        bytes_received=usage.bytes_received,
     )
+
+
+def network_counts(stats: RoleStats) -> dict[str, int]:
+    """The network part of ``stats``, under the names of an OpenAI ``usage`` object."""
+    return {
+        "requests": stats.network_requests,
+        "prompt_tokens": stats.network_prompt_tokens,
+        "completion_tokens": stats.network_completion_tokens,
+        "bytes_sent": stats.bytes_sent,
+        "bytes_received": stats.bytes_received,
+    }
 
 
 class Ledger:
@@ -90,12 +114,21 @@ class Ledger:
             out.setdefault(model, {})[role] = dict(asdict(stats), forward_passes=stats.forward_passes)
         return out
 
+    def network_json(self) -> dict[str, dict]:
+        """What crossed the network: the total, and per model and role that called a remote engine."""
+        by_model: dict[str, dict[str, dict[str, int]]] = {}
+        for (model, role), stats in sorted(self.entries.items()):
+            if stats.network_requests:
+                by_model.setdefault(model, {})[role] = network_counts(stats)
+        return {"total": network_counts(self.total()), "by_model": by_model}
+
     @classmethod
     def from_json(cls, raw: dict) -> "Ledger":
+        """A ledger from ``to_json``; fields a record predates (the network counts) read as 0."""
         ledger = cls()
         for model, roles in raw.items():
             for role, stats in roles.items():
-                values = {f.name: stats[f.name] for f in fields(RoleStats)}
+                values = {f.name: stats.get(f.name, f.default) for f in fields(RoleStats)}
                 ledger.entries[(model, role)] = RoleStats(**values)
         return ledger
 

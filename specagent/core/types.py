@@ -119,12 +119,18 @@ class StepStatus(str, Enum):
 
 @dataclass(frozen=True)
 class Usage:
-    """What one model call cost. ``cached_tokens`` are prompt tokens read from a prefix cache."""
+    """What one model call cost. ``cached_tokens`` are prompt tokens read from a prefix cache.
+
+    ``requests`` and the bytes are set by remote engines only (0 for a local one): the HTTP
+    requests the server answered for this call, retries included, and their body bytes."""
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
+    requests: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
 
 
 @dataclass(frozen=True)

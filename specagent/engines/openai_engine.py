@@ -4,6 +4,8 @@ Plain httpx, no SDK. Tool calls come back structured (`tool_calls`) from servers
 parse them, or as hermes `<tool_call>` text from servers that do not; both end up as
 the same `Message`, and a call that cannot be executed is a `malformed` completion,
 never an exception. Requests of one `chat` call run concurrently: servers batch them.
+The engine knows it is remote: each `Usage` carries the HTTP requests and body bytes
+of its call, which the ledger reports as what crossed the network (edge–cloud).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from specagent.core.types import Message, ToolCall, Usage
 API_KEY_ENV = "OPENAI_API_KEY"
 RETRY_STATUS = {408, 429}  # plus every 5xx
 CONTEXT_MARKERS = ("context length", "context_length", "context window", "maximum context", "too many tokens")
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class OpenAIEngine:
@@ -104,22 +107,31 @@ class OpenAIEngine:
 
     def _one(self, request: ChatRequest) -> Completion:
         began = time.perf_counter()
-        reply = self._post(self.payload(request))
-        return completion_from_reply(reply, request, time.perf_counter() - began)
+        reply, traffic = self._post(self.payload(request))
+        completion = completion_from_reply(reply, request, time.perf_counter() - began)
+        return replace(completion, usage=replace(completion.usage, **traffic))
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST with retries (exponential backoff) on connection errors, timeouts, 429 and 5xx."""
+    def _post(self, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
+        """POST with retries (exponential backoff) on connection errors, timeouts, 429 and 5xx.
+
+        Returns the reply and its traffic: the requests the server answered (retries included)
+        and the body bytes both ways, as transferred."""
+        content = json.dumps(body, separators=(",", ":")).encode()
+        traffic = {"requests": 0, "bytes_sent": 0, "bytes_received": 0}
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             try:
-                response = self._client.post(self.url, json=body)
+                response = self._client.post(self.url, content=content, headers=JSON_HEADERS)
             except httpx.TransportError as exc:
                 if last:
                     raise self._transport_error(exc) from exc
                 self._sleep(attempt)
                 continue
+            traffic["requests"] += 1
+            traffic["bytes_sent"] += len(content)
+            traffic["bytes_received"] += response.num_bytes_downloaded
             if response.status_code < 400:
-                return _json(response, self.url)
+                return _json(response, self.url), traffic
             if response.status_code in RETRY_STATUS or response.status_code >= 500:
                 if last:
                     raise EngineError(f"{self.url} answered {response.status_code} after {attempt + 1} attempts: "

@@ -177,6 +177,16 @@ def test_retries_5xx_then_succeeds():
     assert done.text == "fine" and len(server.requests) == 3
 
 
+def test_usage_counts_what_crossed_the_network_retries_included():
+    failing, fine = (500, {"error": {"message": "engine hiccup"}}), (200, reply("fine"))
+    with FakeServer([failing, fine]) as server:
+        [done] = engine_for(server).chat([ChatRequest(ASK, (WEATHER,))])
+    sent = sum(int(headers["Content-Length"]) for headers in server.headers)
+    received = sum(len(json.dumps(body).encode()) for _, body in (failing, fine))
+    assert (done.usage.requests, done.usage.bytes_sent, done.usage.bytes_received) == (2, sent, received)
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (11, 7)  # from the answer only
+
+
 def test_429_is_retried_and_persistent_5xx_gives_up_with_the_server_message():
     with FakeServer([(429, {"error": {"message": "slow down"}}), (200, reply("fine"))]) as server:
         assert engine_for(server).chat([ChatRequest(ASK)])[0].text == "fine"
@@ -236,6 +246,7 @@ def test_real_server_chat_with_tools_returns_a_message_and_usage(served):
         assert done.usage.prompt_tokens > 60  # the tools block is in the prompt
         assert 0 < done.usage.completion_tokens <= 16
         assert done.finish_reason in ("stop", "length", "tool_calls")
+        assert done.usage.requests == 1 and done.usage.bytes_sent > 0 and done.usage.bytes_received > 0
 
 
 @pytest.mark.slow
