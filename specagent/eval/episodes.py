@@ -1,7 +1,8 @@
 """Run episodes over a task list and append them to `episodes.jsonl`, resumably.
 
 Each line is one finished episode (format `specagent.episode/v1`); a rerun skips the
-(task, mode, trial) triples already on disk, so a killed run continues where it stopped.
+(task, arm, trial) triples already on disk (the arm is the mode outside an eval), so a
+killed run continues where it stopped.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -16,15 +20,17 @@ from tqdm import tqdm
 
 from specagent.core.interfaces import Environment
 from specagent.core.protocol import Episode, Models, ProtocolConfig, run_episode
+from specagent.engines.batching import BatchingEngine, CallerGroup
 
 EPISODE_FORMAT = "specagent.episode/v1"
 
 
-def episode_record(ep: Episode, trial: int, models: dict[str, str]) -> dict[str, Any]:
+def episode_record(ep: Episode, trial: int, models: dict[str, str], arm: str | None = None) -> dict[str, Any]:
     return {
         "format": EPISODE_FORMAT,
         "task_id": ep.task_id,
         "mode": ep.mode,
+        "arm": arm or ep.mode,
         "trial": trial,
         "models": models,
         "reward": ep.reward,
@@ -44,7 +50,8 @@ def episode_record(ep: Episode, trial: int, models: dict[str, str]) -> dict[str,
 
 
 def episode_key(record: dict[str, Any]) -> tuple[str, str, int]:
-    return (str(record["task_id"]), record["mode"], int(record.get("trial", 0)))
+    """(task, arm, trial); the arm of a `specagent run` episode is its mode."""
+    return (str(record["task_id"]), record.get("arm", record["mode"]), int(record.get("trial", 0)))
 
 
 def read_episodes(path: str | Path) -> list[dict[str, Any]]:
@@ -83,25 +90,95 @@ def run_tasks(
     trials: int = 1,
     model_names: dict[str, str] | None = None,
     on_episode: Callable[[Episode, dict[str, Any]], None] | None = None,
+    arm: str | None = None,
+    concurrency: int = 1,
+    env_factory: Callable[[], Environment] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every (trial, mode, task) not yet in ``out_path``; returns all records in the file."""
+    """Run every (trial, mode, task) not yet in ``out_path``; returns all records in the file.
+
+    ``arm`` names the episodes of an eval arm (one mode per call): it replaces the mode in
+    the records' `arm` field and in the resume key.
+
+    ``concurrency`` N > 1 runs N episodes side by side, one per thread, each thread on its own
+    environment (``env``, and N-1 made by ``env_factory`` and closed at the end: an
+    environment holds one episode at a time). The threads share the engines in ``models``,
+    which must be safe to call from threads: put local engines behind `BatchingEngine`s
+    (`batching_engines`), whose engine calls then carry the requests of all the episodes.
+    Records are appended whole, in the order episodes finish. After an error the other
+    threads finish their episodes (kept on disk) and stop; then the error is raised."""
+    if concurrency > 1 and env_factory is None:
+        raise ValueError("run_tasks: concurrency > 1 needs env_factory (one environment per thread)")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     records = read_episodes(out_path)
     _rewrite_without_torn_tail(out_path, records)
     done = {episode_key(r) for r in records}
     todo = [(t, m, task) for t in range(trials) for m in modes for task in task_ids
-            if (str(task), m, t) not in done]
-    with out_path.open("a") as sink, tqdm(total=len(todo), desc="episodes", unit="ep", file=sys.stderr) as bar:
-        for trial, mode, task in todo:
+            if (str(task), arm or m, t) not in done]
+    lock = threading.Lock()
+    with out_path.open("a") as sink, tqdm(total=len(todo), desc=arm or "episodes", unit="ep", file=sys.stderr) as bar:
+
+        def run_one(env: Environment, trial: int, mode: str, task: str) -> None:
             ep = run_episode(env, str(task), mode, models, protocol)
-            record = episode_record(ep, trial, model_names or {})
-            sink.write(json.dumps(record) + "\n")
-            sink.flush()
-            os.fsync(sink.fileno())
-            records.append(record)
-            if on_episode is not None:
-                on_episode(ep, record)
-            bar.set_postfix(task=task, mode=mode, reward=ep.reward)
-            bar.update()
+            record = episode_record(ep, trial, model_names or {}, arm)
+            with lock:  # one whole line at a time
+                sink.write(json.dumps(record) + "\n")
+                sink.flush()
+                os.fsync(sink.fileno())
+                records.append(record)
+                if on_episode is not None:
+                    on_episode(ep, record)
+                bar.set_postfix(task=task, mode=mode, reward=ep.reward)
+                bar.update()
+
+        made = [env_factory() for _ in range(min(concurrency, len(todo)) - 1)] if env_factory else []
+        try:
+            _run_in_threads(todo, run_one, [env, *made], _caller_groups(models))
+        finally:
+            for extra in made:
+                getattr(extra, "close", lambda: None)()
     return records
+
+
+def _caller_groups(models: Models) -> set[CallerGroup]:
+    return {engine.group for engine in (models.strong, models.weak) if isinstance(engine, BatchingEngine)}
+
+
+def _run_in_threads(
+    todo: list[tuple[int, str, str]], run_one: Callable[..., None], envs: list[Environment], groups: set[CallerGroup]
+) -> None:
+    """One thread per environment takes the next (trial, mode, task) until none is left or one
+    failed (a single environment runs in the calling thread). Each thread is a member of the
+    batching engines' caller groups, so a batch goes as soon as every episode waits."""
+    queue = iter(todo)
+    lock = threading.Lock()
+    stop = threading.Event()
+    enrolled = threading.Barrier(len(envs))
+
+    def work(env: Environment) -> None:
+        with ExitStack() as stack:
+            for group in groups:
+                stack.enter_context(group.member())
+            enrolled.wait()  # all are members before the first request, so the first batch waits for all
+            while not stop.is_set():
+                with lock:
+                    item = next(queue, None)
+                if item is None:
+                    return
+                try:
+                    run_one(env, *item)
+                except BaseException:
+                    stop.set()
+                    raise
+
+    if len(envs) == 1:
+        work(envs[0])
+        return
+    pool = ThreadPoolExecutor(len(envs), thread_name_prefix="episode")
+    futures = [pool.submit(work, env) for env in envs]
+    try:
+        for future in futures:
+            future.result()
+    finally:
+        stop.set()  # after an error or Ctrl-C, the others stop after their current episode
+        pool.shutdown()

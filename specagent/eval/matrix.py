@@ -1,0 +1,51 @@
+"""`specagent eval`: a matrix of arms on one environment's tasks, into one `episodes.jsonl`.
+
+Every distinct engine is built once for the whole matrix, with the adapters of every arm
+registered on it, so arms differ only by the adapter names and verifier they use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from specagent.config import EvalConfig
+from specagent.engines import EnginePool
+from specagent.eval.arms import arm_run_config, expand_arms, with_shared_adapters
+from specagent.eval.episodes import run_tasks
+from specagent.eval.report import write_report
+from specagent.serve.runtime import (
+    build_env,
+    build_models,
+    needed_roles,
+    protocol_config,
+    scripted_policy,
+    select_tasks,
+    write_run_info,
+)
+
+
+def eval_from_config(cfg: EvalConfig) -> dict[str, Any]:
+    """Run every arm's missing episodes, then write the report. Returns the report."""
+    env = build_env(cfg.env)
+    tasks = select_tasks(env, cfg.env)
+    out_dir = Path(cfg.output_dir)
+    write_run_info(out_dir, cfg)
+    episodes = out_dir / "episodes.jsonl"
+    if not cfg.resume and episodes.exists():
+        episodes.unlink()
+    shared = with_shared_adapters(cfg)
+    runs = expand_arms(shared.arms)
+    roles = {role: getattr(shared, role) for run in runs for role in needed_roles(run.arm.mode)}
+    pool = EnginePool()
+    try:
+        pool.for_roles(roles, scripted_policy(env, roles.values()))  # every engine once, every adapter on it
+        for run in runs:
+            run_cfg = arm_run_config(shared, run)
+            models = build_models(run_cfg, env, pool, (run_cfg.mode,))
+            names = {r: getattr(models, r).model_name for r in ("strong", "weak") if getattr(models, r) is not None}
+            run_tasks(env, tasks, [run_cfg.mode], models, protocol_config(run_cfg), episodes,
+                      trials=cfg.trials, model_names=names, arm=run.label)
+    finally:
+        pool.close()
+    return write_report(out_dir)

@@ -1,0 +1,221 @@
+"""`specagent eval`: a matrix of arms on store tasks with scripted models; the report's numbers
+checked against values computed by hand from the episodes; resume; shared engines."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+import specagent.engines
+from specagent.cli import main
+from specagent.config import ArmConfig, EngineConfig, EvalConfig, VerifierConfig, load_config
+from specagent.core.accounting import Ledger
+from specagent.core.canonical import same_step
+from specagent.core.errors import ConfigError
+from specagent.core.metrics import ratio_ci
+from specagent.core.protocol import Models, ProtocolConfig
+from specagent.core.types import Message
+from specagent.engines.scripted import ScriptedEngine, ScriptedVerifier
+from specagent.envs.store import StoreEnv
+from specagent.envs.store.expert import expert_policy, expert_steps
+from specagent.eval.arms import expand_arms, with_shared_adapters
+from specagent.eval.episodes import read_episodes, run_tasks
+from specagent.eval.report import COLUMNS, write_report
+from specagent.serve.runtime import write_run_info
+
+TASKS = ["lookup_01", "lookup_02", "lookup_03", "lookup_04"]
+WEAK_FAILS = {"lookup_03", "lookup_04"}  # the weak model only apologises on these
+SORRY = "Sorry, I cannot help with that."
+PLOTS = ("acceptance_by_position.png", "acceptance_by_tool.png", "cost_quality.png")
+CONFIG = "configs/eval/store_scripted.yaml"
+
+
+def _task_of(env, messages):
+    request = next(m.content for m in messages if m.role == "user")
+    return next(t for t in env.task_ids() if env.task(t)["request"] == request)
+
+
+def weak_policy(env):
+    """The expert, except on WEAK_FAILS, where every step is an apology (a held reply)."""
+    expert = expert_policy(env)
+    return lambda messages, tools: (Message("assistant", SORRY) if _task_of(env, messages) in WEAK_FAILS
+                                    else expert(messages, tools))
+
+
+def oracle(env):
+    """Accepts the longest drafted prefix that matches the expert's next steps."""
+    def judge(context, steps):
+        done = sum(m.role == "assistant" for m in context)
+        expected = expert_steps(env, _task_of(env, context))[done:]
+        return next((i for i, (s, e) in enumerate(zip(steps, expected)) if not same_step(s.message, e)),
+                    min(len(steps), len(expected)))
+    return ScriptedVerifier(judge)
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    """Every mode plus a head arm swept over two thresholds (faked: low accepts like the
+    oracle, high rejects everything), run as `specagent eval` runs them; then the report."""
+    out = tmp_path_factory.mktemp("eval")
+    env = StoreEnv()
+    strong, weak = ScriptedEngine(expert_policy(env), "strong-expert"), ScriptedEngine(weak_policy(env), "weak-sorry")
+    head = VerifierConfig(kind="head", head="fake/verdict")
+    cfg = EvalConfig(output_dir=str(out), env={"task_ids": TASKS}, arms=[
+        *EvalConfig().arms, ArmConfig(name="head", mode="specagent", verifier=head, threshold_sweep=[0.2, 0.8])])
+    models = {"strong": Models(strong=strong), "weak": Models(weak=weak), "stepwise": Models(strong, weak),
+              "specagent": Models(strong, weak, oracle(env)), "head@0.2": Models(strong, weak, oracle(env)),
+              "head@0.8": Models(strong, weak, ScriptedVerifier(lambda context, steps: 0))}
+    write_run_info(out, cfg)
+    for run in expand_arms(cfg.arms):
+        names = {r: getattr(models[run.label], r).model_name for r in ("strong", "weak")
+                 if getattr(models[run.label], r) is not None}
+        run_tasks(env, TASKS, [run.arm.mode], models[run.label], ProtocolConfig(), out / "episodes.jsonl",
+                  model_names=names, arm=run.label)
+    return out, write_report(out), read_episodes(out / "episodes.jsonl")
+
+
+def _strong_decode(records, arm):
+    return {r["task_id"]: Ledger.from_json(r["ledger"]).total("strong").decode_tokens
+            for r in records if r["arm"] == arm}
+
+
+def test_one_episode_per_task_and_arm_with_the_arm_and_mode(matrix):
+    _, report, records = matrix
+    assert sorted((r["arm"], r["mode"]) for r in records if r["task_id"] == "lookup_01") == [
+        ("head@0.2", "specagent"), ("head@0.8", "specagent"), ("specagent", "specagent"),
+        ("stepwise", "stepwise"), ("strong", "strong"), ("weak", "weak")]
+    assert len(records) == len(TASKS) * 6
+    assert list(report["arms"]) == ["strong", "weak", "stepwise", "specagent", "head@0.2", "head@0.8"]
+
+
+def test_reference_arms_success_and_gap(matrix):
+    arms = matrix[1]["arms"]
+    assert arms["strong"]["strong_decode_ratio"] == 1.0 and arms["strong"]["memory_traffic_ratio"] == 1.0
+    assert arms["weak"]["strong_decode_tokens"] == 0 and arms["weak"]["strong_decode_ratio"] == 0.0
+    weak = arms["weak"]["success"]  # per task 1, 1, 0, 0
+    half = 1.96 * math.sqrt((4 * 0.25 / 3) / 4)
+    assert weak["mean"] == 0.5 and weak["lo"] == pytest.approx(0.5 - half) and weak["hi"] == pytest.approx(0.5 + half)
+    assert arms["strong"]["gap_recovered"] == 1.0 and arms["weak"]["gap_recovered"] == 0.0
+    assert arms["specagent"]["success"]["mean"] == 1.0 and arms["specagent"]["gap_recovered"] == 1.0
+    assert arms["specagent"]["roles"] == {"strong": "strong-expert", "weak": "weak-sorry", "drafter_adapter": None,
+                                          "verifier": {"kind": "generative"}}
+
+
+def test_specagent_counts_match_the_episodes(matrix):
+    """Tasks 1-2: one round, 3 drafted steps (2 lookups + the held reply), all accepted.
+    Tasks 3-4: three rounds of one rejected apology, each repaired by the strong model."""
+    _, report, records = matrix
+    spec = report["arms"]["specagent"]
+    assert (spec["drafted_steps"], spec["accepted_steps"], spec["held_approved"], spec["repairs"]) == (12, 6, 2, 6)
+    assert spec["acceptance_rate"] == 0.5 and spec["mean_accepted_prefix"] == 6 / 8
+    assert spec["by_position"] == {"1": {"drafted": 8, "accepted": 2, "rate": 0.25},
+                                   "2": {"drafted": 2, "accepted": 2, "rate": 1.0},
+                                   "3": {"drafted": 2, "accepted": 2, "rate": 1.0}}
+    assert spec["per_tool"]["reply"] == {"drafted": 8, "accepted": 2, "rate": 0.25}
+    strong, mine = _strong_decode(records, "strong"), _strong_decode(records, "specagent")
+    # one verdict token per round (8 rounds) plus the repairs, which are the strong run's steps
+    assert sum(mine.values()) == 8 + strong["lookup_03"] + strong["lookup_04"]
+    assert spec["strong_decode_ratio"] == pytest.approx(sum(mine.values()) / sum(strong.values()))
+    assert spec["tokens"]["strong"]["verdict"]["decode"] == 8
+    stepwise = report["arms"]["stepwise"]
+    assert stepwise["by_position"] == {"1": {"drafted": 12, "accepted": 6, "rate": 0.5}}
+
+
+def test_threshold_sweep_runs_one_arm_per_threshold(matrix):
+    arms = matrix[1]["arms"]
+    low, high = arms["head@0.2"], arms["head@0.8"]
+    assert (low["arm"], low["threshold"], high["threshold"]) == ("head", 0.2, 0.8)
+    assert high["roles"]["verifier"]["threshold"] == 0.8 and high["roles"]["verifier"]["head"] == "fake/verdict"
+    assert low["acceptance_rate"] == 0.5 and high["acceptance_rate"] == 0.0
+    assert high["success"]["mean"] == 1.0 and high["strong_decode_ratio"] > low["strong_decode_ratio"]
+
+
+def test_report_files(matrix):
+    out, report, _ = matrix
+    assert json.loads((out / "report.json").read_text())["arms"]["weak"]["strong_decode_tokens"] == 0
+    assert report["versions"]["python"] and report["config"]["arms"][4]["threshold_sweep"] == [0.2, 0.8]
+    md = (out / "report.md").read_text()
+    assert "| " + " | ".join(COLUMNS) + " |" in md
+    assert "| weak | 0.50 [-0.07, 1.07] | 0.00 |" in md
+    assert "`strong-expert`" in md and "`weak-sorry`" in md and "verdict head `fake/verdict` at threshold 0.8" in md
+    for name in PLOTS:
+        assert f"]({name})" in md
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_eval_resumes_without_rerunning_and_builds_one_engine(tmp_path, monkeypatch):
+    built = []
+    build = specagent.engines.build_engine
+    monkeypatch.setattr(specagent.engines, "build_engine", lambda *a, **k: built.append(a[0]) or build(*a, **k))
+    episodes = tmp_path / "episodes.jsonl"
+    assert main(["eval", "-c", CONFIG, f"output_dir={tmp_path}", "env.limit=2"]) == 0
+    first = episodes.read_text().splitlines()
+    assert len(first) == 2 * 4 and len(built) == 1  # strong and weak have the same settings: one engine
+    assert main(["eval", "-c", CONFIG, f"output_dir={tmp_path}", "env.limit=3"]) == 0
+    lines = episodes.read_text().splitlines()
+    assert lines[:8] == first and len(lines) == 3 * 4  # the finished episodes were not rerun
+    episodes.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])  # killed mid-write
+    assert main(["eval", "-c", CONFIG, f"output_dir={tmp_path}", "env.limit=3"]) == 0
+    again = episodes.read_text().splitlines()
+    assert again[:-1] == lines[:-1] and json.loads(again[-1])["arm"] == json.loads(lines[-1])["arm"]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert {arm: s["episodes"] for arm, s in report["arms"].items()} == {
+        "strong": 3, "weak": 3, "stepwise": 3, "specagent": 3}
+    (tmp_path / "report.json").unlink()
+    assert main(["report", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "report.json").read_text())["arms"] == report["arms"]
+
+
+def test_report_of_a_dir_without_eval_config_is_a_clean_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "output_dir of a `specagent eval`" in capsys.readouterr().err
+
+
+def _adapter(path, *files):
+    path.mkdir(parents=True)
+    for name in ("adapter_config.json", *files):
+        (path / name).write_text("{}")
+    return str(path)
+
+
+def test_adapters_of_all_arms_go_on_the_shared_engines(tmp_path):
+    a, b, v = _adapter(tmp_path / "a"), _adapter(tmp_path / "b" / "adapter"), _adapter(tmp_path / "v")
+    head = _adapter(tmp_path / "head" / "adapter", "verdict.json")
+    cfg = EvalConfig(weak=EngineConfig(adapters={"mine": a}), arms=[
+        ArmConfig(name="a", mode="specagent", drafter_adapter="mine"),
+        ArmConfig(name="b", mode="weak", drafter_adapter=str(tmp_path / "b")),  # an export dir: its adapter/
+        ArmConfig(name="c", mode="stepwise", drafter_adapter=b),
+        ArmConfig(name="d", mode="specagent", verifier=VerifierConfig(adapter=v)),
+        ArmConfig(name="e", mode="specagent", verifier=VerifierConfig(kind="head", head=str(tmp_path / "head")))])
+    shared = with_shared_adapters(cfg)
+    assert shared.weak.adapters == {"mine": a, "b-drafter": b}
+    assert shared.strong.adapters == {"d-verdict": v, "verdict-head": head}
+    assert [arm.drafter_adapter for arm in shared.arms] == ["mine", "b-drafter", "b-drafter", None, None]
+    assert shared.arms[3].verifier.adapter == "d-verdict"
+    with pytest.raises(ConfigError, match=r"arms.0.drafter_adapter: 'nowhere' is neither an adapter name"):
+        with_shared_adapters(EvalConfig(arms=[ArmConfig(name="x", mode="weak", drafter_adapter="nowhere")]))
+
+
+@pytest.mark.parametrize("arms, problem", [
+    ([{"name": "x", "mode": "weak"}, {"name": "x", "mode": "strong"}], "repeated: x"),
+    ([{"name": "x", "mode": "specagent", "threshold_sweep": [0.5]}], "needs a head verifier"),
+    ([{"name": "x", "mode": "specagent", "verifier": {"kind": "head", "head": "h"}, "threshold_sweep": [0.5, 1.5]}],
+     "in (0, 1)"),
+    ([{"name": "x@1", "mode": "weak"}], "reserved"),
+    ([{"name": "x", "mode": "strong", "drafter_adapter": "d"}], "has no drafter"),
+])
+def test_bad_arms_are_config_errors(arms, problem, tmp_path):
+    path = tmp_path / "eval.yaml"
+    path.write_text(json.dumps({"arms": arms}))
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        load_config(EvalConfig, path)
+
+
+def test_ratio_ci_is_the_ratio_of_sums_with_a_delta_method_interval():
+    ci = ratio_ci([1.0, 2.0, 3.0], [2.0, 2.0, 2.0])  # residuals -1, 0, 1: variance 1
+    half = 1.96 * math.sqrt(1 / 3) / 2
+    assert ci == {"mean": 1.0, "lo": pytest.approx(1 - half), "hi": pytest.approx(1 + half), "n": 3}
+    assert ratio_ci([1.0], [0.0])["mean"] is None
