@@ -40,8 +40,10 @@ def weather_chat(city: str) -> list[Message]:
 
 def pytest_collection_modifyitems(config, items):
     """vLLM tests last: its engine processes stay up until the session ends and would
-    otherwise compete for the two cores with every test after them."""
-    items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+    otherwise compete for the two cores with every test after them. Tests that start
+    their own vLLM process go first among them, before the shared engine exists."""
+    items.sort(key=lambda item: (item.get_closest_marker("vllm") is not None,
+                                 item.get_closest_marker("own_engine") is None))
 
 
 def need_vllm() -> None:

@@ -118,3 +118,36 @@ def test_unknown_adapter_and_overlong_prompt_are_clear_errors(vllm_engine):
         vllm_engine.chat([ChatRequest([Message("user", "word " * (limit + 50))], max_tokens=8)])
     [ok] = vllm_engine.chat([ChatRequest(chat, max_tokens=4)])  # the engine is still serving
     assert ok.usage.completion_tokens > 0
+
+
+def test_prompt_scores_match_transformers_and_a_head_verdict_decodes_nothing(vllm_engine, smollm2_dir, smollm2_lora,
+                                                                             tmp_path):
+    """`score` reads candidate log-probs at prompt positions from prompt_logprobs (one prefill,
+    adapter applied); a verdict head served this way gives the transformers engine's verdict."""
+    import shutil
+
+    from specagent.core.interfaces import ScoreRequest
+    from specagent.core.types import DraftedStep, Segment, StepKind
+    from specagent.engines.transformers_engine import TransformersEngine
+    from specagent.engines.verdict_head import HeadSpec, HeadVerifier
+
+    reference = TransformersEngine(smollm2_dir, adapters={ADAPTER: smollm2_lora}, max_model_len=4096, threads=1)
+    tokenizer = vllm_engine.tokenizer
+    ids = tokenizer(render_prompt(tokenizer, [Message("user", "Is Paris in France? Answer yes or no.")]),
+                    add_special_tokens=False)["input_ids"]
+    for adapter in (None, ADAPTER):
+        for position in (len(ids) - 3, len(ids) - 2):  # the prompt's own next token: always reported by vLLM
+            request = ScoreRequest(ids, [position], [ids[position + 1]], adapter)
+            [served], [exact] = vllm_engine.score([request]), reference.score([request])
+            assert served.usage.completion_tokens == 0 and served.usage.prompt_tokens == len(ids)
+            assert served.logprobs[0][0] == pytest.approx(exact.logprobs[0][0], abs=0.3)  # bf16 vs float32
+
+    head = tmp_path / "head"
+    shutil.copytree(smollm2_lora, head)
+    HeadSpec(threshold=0.5, base_model="smollm2").save(head)
+    steps = (DraftedStep(Message("assistant", "Paris is in France."), StepKind.REPLY),)
+    context = [Message("user", "Where is Paris?")]
+    for engine in (vllm_engine, reference):
+        verdict, usages = HeadVerifier(engine, head, adapter=ADAPTER).verify(context, [], Segment(1, steps, "held"))
+        assert [u.completion_tokens for _, u in usages] == [0]
+        assert len(verdict.scores) == 1 and 0.0 <= verdict.scores[0] <= 1.0 and verdict.raw.startswith("head")

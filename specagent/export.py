@@ -1,0 +1,268 @@
+"""`specagent export`: a training output -> a serving-ready dir, gated by loading it in vLLM.
+
+    <out>/adapter/     the peft LoRA adapter (+ tokenizer, + verdict.json for verdicts):
+                       what `vllm --enable-lora --lora-modules NAME=<out>/adapter` and the
+                       runtime (`drafter_adapter:` / `verifier.head:`) load
+    <out>/merged/      optional (--merge): base + adapter merged into one full checkpoint
+    <out>/vllm.json    how to serve it (base model, LoRA name and rank, a server command)
+    <out>/export.json  manifest: kind, sources, the smoke gate's figures
+    <out>/README.md    model card: base model, data card summary, training config,
+                       validation metrics, versions, git SHA, smoke gate
+
+The smoke gate loads the export in an engine (vLLM by default) and runs one real round
+on a validation example: a draft for a drafter, a verdict for a verdict model. It fails
+(and nothing is left at <out>) if the adapter does not load, if it changes nothing (the
+tuned and base log-probabilities are equal), or if the merged checkpoint does not
+reproduce the adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from specagent.core.errors import ConfigError, SpecAgentError
+from specagent.core.interfaces import ChatRequest, ScoreRequest
+from specagent.core.types import Message, ToolSpec
+from specagent.engines.render import render_prompt
+from specagent.engines.verdict_head import HEAD_FILE, HeadSpec, accepted_prefix, boundary_positions, probability
+
+EXPORT_FORMAT = "specagent.export/v1"
+ADAPTER_NAME = "exported"
+CHANGED = 1e-3  # max |Δ log-prob| below which an adapter "changes nothing"
+MERGED_TOLERANCE = 0.3  # mean |Δ log-prob| merged vs base + adapter (bf16 engines differ by ~0.1)
+
+EngineFactory = Callable[[str, dict[str, str], int], Any]
+
+
+class SmokeGateFailed(SpecAgentError):
+    """The export did not load, or loaded and changed nothing."""
+
+
+def vllm_factory(engine_kwargs: dict[str, Any] | None = None) -> EngineFactory:
+    def build(model: str, adapters: dict[str, str], max_model_len: int) -> Any:
+        from specagent.engines.vllm_engine import VLLMEngine
+
+        kwargs = dict(engine_kwargs or {})
+        if not adapters:
+            kwargs.setdefault("enable_lora", False)
+        return VLLMEngine(model, adapters=adapters, max_model_len=max_model_len, engine_kwargs=kwargs)
+
+    return build
+
+
+def transformers_factory(model: str, adapters: dict[str, str], max_model_len: int) -> Any:
+    from specagent.engines.transformers_engine import TransformersEngine
+
+    return TransformersEngine(model, adapters=adapters, max_model_len=max_model_len)
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """What a training output holds: its config, metrics, versions, and the adapter's kind."""
+    adapter = run_dir / "adapter"
+    if not (adapter / "adapter_config.json").is_file():
+        raise ConfigError(f"{run_dir}: no trained adapter (expected {adapter}/adapter_config.json from "
+                          "`specagent train drafter|verdict`)")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
+    kind = "drafter"
+    if (adapter / HEAD_FILE).is_file():
+        kind = "verdict-" + json.loads((adapter / HEAD_FILE).read_text()).get("kind", "head")
+    def load(name: str) -> dict[str, Any]:
+        path = run_dir / name
+        return json.loads(path.read_text()) if path.is_file() else {}
+    return {"kind": kind, "adapter": adapter, "config": config, "metrics": load("metrics.json"),
+            "versions": load("versions.json"), "lora": json.loads((adapter / "adapter_config.json").read_text())}
+
+
+def sample_row(dataset: str | None) -> dict[str, Any]:
+    """A validation example (else a training one) of the dataset the adapter was trained on."""
+    from datasets import load_from_disk
+
+    if not dataset or not Path(dataset).exists():
+        raise ConfigError(f"smoke gate: the training dataset {dataset!r} is not on disk; it supplies the smoke "
+                          "example (or pass --skip-smoke)")
+    data = load_from_disk(dataset)
+    split = data["validation"] if "validation" in data and len(data["validation"]) else data["train"]
+    return split[0]
+
+
+def first_turn_request(row: dict[str, Any]) -> ChatRequest:
+    """The drafter's prompt at the first strong assistant turn of a trajectory row."""
+    messages = [Message.from_openai(m) for m in row["messages"]]
+    cut = next(i for i, m in enumerate(messages) if m.role == "assistant")
+    return ChatRequest(messages[:cut], [ToolSpec.from_openai(t) for t in row["tools"]], max_tokens=64)
+
+
+Probe = Callable[[Any, "str | None"], list[list[float]]]
+
+
+def prompt_probe(request: ChatRequest, width: int = 16) -> Probe:
+    """Log-probabilities of the prompt's own next tokens at its last ``width`` positions."""
+    def probe(engine: Any, adapter: str | None) -> list[list[float]]:
+        ids = engine.tokenizer(render_prompt(engine.tokenizer, request.messages, request.tools),
+                               add_special_tokens=False)["input_ids"]
+        positions = list(range(max(0, len(ids) - width - 1), len(ids) - 1))
+        candidates = sorted({ids[p + 1] for p in positions})
+        return engine.score([ScoreRequest(ids, positions, candidates, adapter)])[0].logprobs
+    return probe
+
+
+def head_probe(row: dict[str, Any], spec: HeadSpec) -> Probe:
+    """The head's (yes, no) log-probabilities at each step boundary of a verdict row."""
+    def probe(engine: Any, adapter: str | None) -> list[list[float]]:
+        messages = [Message.from_openai(m) for m in row["messages"]]
+        tools = [ToolSpec.from_openai(t) for t in row["tools"]]
+        ids, positions = boundary_positions(engine.tokenizer, messages, tools, row["step_message_indices"])
+        return engine.score([ScoreRequest(ids, positions, spec.token_ids(engine.tokenizer), adapter)])[0].logprobs
+    return probe
+
+
+def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(abs(x - y) for row_a, row_b in zip(a, b) for x, y in zip(row_a, row_b))
+
+
+def mean_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    pairs = [(x, y) for row_a, row_b in zip(a, b) for x, y in zip(row_a, row_b)]
+    return sum(abs(x - y) for x, y in pairs) / len(pairs)
+
+
+def smoke_round(engine: Any, kind: str, row: dict[str, Any], adapter_dir: str) -> tuple[dict[str, Any], Probe]:
+    """One real round through the adapter (a draft, or a verdict) and the probe that shows its effect."""
+    if kind == "verdict-head":
+        spec = HeadSpec.load(adapter_dir)
+        probe = head_probe(row, spec)
+        probs = [probability(y, n) for y, n in probe(engine, ADAPTER_NAME)]
+        return {"round": "verdict (head)", "steps": len(probs), "p_valid": [round(p, 4) for p in probs],
+                "labels": list(row["labels"]), "accepted": accepted_prefix(probs, spec.threshold),
+                "threshold": spec.threshold, "decoded_tokens": 0}, probe
+    if kind == "drafter":
+        request = first_turn_request(row)
+    else:
+        request = ChatRequest([Message.from_openai(m) for m in row["prompt"]],
+                              [ToolSpec.from_openai(t) for t in row["tools"]], max_tokens=8)
+    tuned = engine.chat([replace(request, adapter=ADAPTER_NAME)])[0]
+    return {"round": "draft" if kind == "drafter" else "verdict (generative)", "text": tuned.text[:400],
+            "tool_calls": [c.name for c in tuned.message.tool_calls], "malformed": tuned.malformed,
+            "decoded_tokens": tuned.usage.completion_tokens}, prompt_probe(request)
+
+
+def merge(base_dir: str, adapter: Path, out: Path) -> None:
+    """base + LoRA -> one full checkpoint (with the tokenizer and its chat template)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    merged.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(adapter)).save_pretrained(str(out))
+
+
+def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smoke: bool = True,
+           factory: EngineFactory | None = None, max_model_len: int = 8192, backend: str = "vllm") -> dict[str, Any]:
+    """Build the export in `<out>.partial`, gate it, then move it to `<out>`. Returns the manifest."""
+    from specagent.engines.models import materialize
+    from specagent.serve.runtime import versions
+
+    run_dir, out = Path(run_dir), Path(out)
+    run = read_run(run_dir)
+    base_model, gguf = run["config"].get("model", "smollm2"), run["config"].get("gguf_file")
+    base_dir = materialize(base_model, gguf)
+    work = out.with_name(out.name + ".partial")
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(run["adapter"], work / "adapter")
+    if merge_model:
+        print("merging the adapter into the base weights ...")
+        merge(base_dir, work / "adapter", work / "merged")
+    manifest: dict[str, Any] = {
+        "format": EXPORT_FORMAT, "kind": run["kind"], "base_model": base_model, "base_dir": base_dir,
+        "source": str(run_dir.resolve()), "lora_rank": run["lora"].get("r"),
+        "merged": merge_model, "metrics": run["metrics"], "versions": versions(), "trained_with": run["versions"],
+    }
+    (work / "vllm.json").write_text(json.dumps(serving_recipe(base_dir, manifest), indent=2))
+    if smoke:
+        manifest["smoke"] = smoke_gate(run, work, base_dir, factory or vllm_factory(), max_model_len, backend)
+    (work / "export.json").write_text(json.dumps(manifest, indent=2, default=str))
+    (work / "README.md").write_text(model_card(manifest, run))
+    shutil.rmtree(out, ignore_errors=True)
+    work.rename(out)
+    print(f"export: {out}  ({run['kind']}; smoke gate {'passed' if smoke else 'skipped'})")
+    return manifest
+
+
+def smoke_gate(run: dict[str, Any], work: Path, base_dir: str, factory: EngineFactory, max_model_len: int,
+               backend: str) -> dict[str, Any]:
+    row = sample_row(run["config"].get("dataset"))
+    adapter_dir = str((work / "adapter").resolve())
+    try:
+        engine = factory(base_dir, {ADAPTER_NAME: adapter_dir}, max_model_len)
+    except Exception as exc:  # noqa: BLE001 - any load failure fails the gate, with its cause
+        raise SmokeGateFailed(f"smoke gate: {backend} could not load the adapter {adapter_dir}: {exc}") from exc
+    try:
+        result, probe = smoke_round(engine, run["kind"], row, adapter_dir)
+        tuned = probe(engine, ADAPTER_NAME)
+        result["max_logprob_change"] = max_diff(tuned, probe(engine, None))
+    finally:
+        getattr(engine, "close", lambda: None)()
+    if result["max_logprob_change"] < CHANGED:
+        raise SmokeGateFailed(f"smoke gate: the adapter changes nothing (max |Δ log-prob| "
+                              f"{result['max_logprob_change']:.2e} vs the base model); was it trained?")
+    result["backend"] = backend
+    if (work / "merged").is_dir():
+        merged = factory(str(work / "merged"), {}, max_model_len)
+        try:
+            result["merged_mean_diff"] = mean_diff(tuned, probe(merged, None))
+        finally:
+            getattr(merged, "close", lambda: None)()
+        if result["merged_mean_diff"] > MERGED_TOLERANCE:
+            raise SmokeGateFailed(f"smoke gate: the merged checkpoint differs from base + adapter (mean |Δ log-prob| "
+                                  f"{result['merged_mean_diff']:.3f} > {MERGED_TOLERANCE})")
+    print("smoke gate: " + json.dumps(result, default=str))
+    return result
+
+
+def serving_recipe(base_dir: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    name = "drafter" if manifest["kind"] == "drafter" else "verdict"
+    return {
+        "base_model": base_dir, "lora_name": name, "lora_path": "adapter", "max_lora_rank": manifest["lora_rank"],
+        "server": (f"python -m vllm.entrypoints.openai.api_server --model {base_dir} --enable-lora "
+                   f"--lora-modules {name}=<export dir>/adapter --max-lora-rank {manifest['lora_rank']}"),
+        "specagent": ({"weak": {"backend": "vllm"}, "drafter_adapter": "<export dir>"} if name == "drafter" else
+                      {"verifier": {"kind": "head", "head": "<export dir>"}}
+                      if manifest["kind"] == "verdict-head" else {"verifier": {"adapter": "<export dir>"}}),
+        "merged": "merged/" if manifest["merged"] else None,
+    }
+
+
+def model_card(manifest: dict[str, Any], run: dict[str, Any]) -> str:
+    """README.md of the export."""
+    config, metrics, smoke = run["config"], manifest["metrics"], manifest.get("smoke")
+    dataset = Path(config.get("dataset", "")).parent
+    data_card = (dataset / "README.md").read_text().strip() if (dataset / "README.md").is_file() else "(not found)"
+    shown = {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}
+    validation = metrics.get("calibrated") or metrics.get("validation") or {}
+    versions = manifest["versions"]
+    lines = [
+        f"# specagent export: {manifest['kind']}", "",
+        f"- base model: `{manifest['base_model']}` (`{manifest['base_dir']}`)",
+        f"- LoRA rank {manifest['lora_rank']}; adapter in `adapter/`"
+        + ("; merged checkpoint in `merged/`" if manifest["merged"] else ""),
+        f"- trained from `{manifest['source']}`",
+        f"- specagent git SHA `{versions.get('git_sha')}`; " + ", ".join(
+            f"{k} {v}" for k, v in versions.items() if k != "git_sha"),
+        "", "## Smoke gate", "",
+        ("passed: " + json.dumps(smoke, default=str)) if smoke else "skipped",
+        "", "## Validation metrics", "",
+        "```json", json.dumps(validation or shown, indent=2, default=str), "```",
+    ]
+    if metrics.get("acceptance"):
+        lines += ["", "Offline acceptance during training (held-out segments, mining labeler):", "",
+                  "| step | acceptance |", "|---|---|"]
+        lines += [f"| {r.get('step')} | {r.get('acceptance_rate')} |" for r in metrics["acceptance"]]
+    lines += ["", "## Training config", "", "```yaml", yaml.safe_dump(config, sort_keys=False).strip(), "```",
+              "", "## Data card (of the training data)", "", data_card, ""]
+    return "\n".join(lines)

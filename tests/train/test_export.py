@@ -1,0 +1,102 @@
+"""`specagent export`: layout, model card, and the smoke gate that must load the adapter and
+see it change the model — in the transformers engine (fast) and in vLLM (a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specagent.export import SmokeGateFailed, export, transformers_factory
+
+pytestmark = pytest.mark.slow
+
+
+def run_dir(tmp_path: Path, name: str, lora_dir: str, dataset: Path, tokenizer_dir: str, head: bool = False) -> Path:
+    """A training output as `specagent train` leaves it: adapter/ (+ tokenizer), config, metrics."""
+    from transformers import AutoTokenizer
+
+    from specagent.engines.verdict_head import HeadSpec
+
+    out = tmp_path / name
+    shutil.copytree(lora_dir, out / "adapter")
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(str(out / "adapter"))
+    if head:
+        HeadSpec(threshold=0.4, base_model="smollm2").save(out / "adapter")
+    (out / "config.yaml").write_text(yaml.safe_dump({"model": "smollm2", "dataset": str(dataset)}))
+    (out / "metrics.json").write_text(json.dumps({"global_step": 3, "calibrated": {"auroc": 0.75}}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def zero_lora(smollm2_dir, tmp_path_factory) -> str:
+    """peft's default initialisation (B = 0): an adapter that changes nothing."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("zero") / "lora"
+    net = AutoModelForCausalLM.from_pretrained(smollm2_dir)
+    peft.get_peft_model(net, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(out)
+    return str(out)
+
+
+def test_drafter_export_passes_the_gate_with_card_and_merged_checkpoint(tmp_path, mined, smollm2_dir, smollm2_lora):
+    source = run_dir(tmp_path, "train", smollm2_lora, mined / "drafter", smollm2_dir)
+    manifest = export(source, tmp_path / "export", merge_model=True, factory=transformers_factory,
+                      max_model_len=8192, backend="transformers")
+    out = tmp_path / "export"
+    assert (out / "adapter" / "adapter_config.json").is_file() and (out / "merged" / "config.json").is_file()
+    assert not (tmp_path / "export.partial").exists()
+    smoke = manifest["smoke"]
+    assert smoke["round"] == "draft" and smoke["decoded_tokens"] > 0
+    assert smoke["max_logprob_change"] > 1e-3 and smoke["merged_mean_diff"] < 0.05  # both float32 here
+    card = (out / "README.md").read_text()
+    for needle in ("base model: `smollm2`", "git SHA", "Smoke gate", "auroc", "Training config", "Data card"):
+        assert needle in card
+    recipe = json.loads((out / "vllm.json").read_text())
+    assert "--enable-lora" in recipe["server"] and recipe["max_lora_rank"] == 8
+    assert json.loads((out / "export.json").read_text())["kind"] == "drafter"
+
+
+def test_an_adapter_that_changes_nothing_fails_the_gate_and_leaves_no_export(tmp_path, mined, smollm2_dir,
+                                                                             zero_lora):
+    source = run_dir(tmp_path, "train", zero_lora, mined / "drafter", smollm2_dir)
+    with pytest.raises(SmokeGateFailed, match="changes nothing"):
+        export(source, tmp_path / "export", factory=transformers_factory, backend="transformers")
+    assert not (tmp_path / "export").exists()
+
+
+def test_a_missing_adapter_is_a_clear_error(tmp_path):
+    from specagent.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no trained adapter"):
+        export(tmp_path, tmp_path / "export")
+
+
+def test_head_export_scores_steps_without_decoding(tmp_path, mined, smollm2_dir, smollm2_lora):
+    source = run_dir(tmp_path, "train", smollm2_lora, mined / "verdict", smollm2_dir, head=True)
+    smoke = export(source, tmp_path / "export", factory=transformers_factory, backend="transformers")["smoke"]
+    assert smoke["round"] == "verdict (head)" and smoke["decoded_tokens"] == 0
+    assert len(smoke["p_valid"]) == len(smoke["labels"]) >= 1 and smoke["threshold"] == 0.4
+
+
+@pytest.mark.vllm
+@pytest.mark.own_engine
+def test_cli_export_passes_the_smoke_gate_in_vllm(tmp_path, mined, smollm2_dir, smollm2_lora):
+    """What a user runs: `specagent export` loads the adapter in a fresh vLLM engine (its own process)."""
+    from tests.conftest import KV_CACHE_GIB, need_vllm
+
+    need_vllm()
+    source = run_dir(tmp_path, "train", smollm2_lora, mined / "verdict", smollm2_dir, head=True)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB}
+    done = subprocess.run([sys.executable, "-m", "specagent", "export", str(source), "-o", str(tmp_path / "export"),
+                           "--max-model-len", "4096"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    smoke = json.loads((tmp_path / "export" / "export.json").read_text())["smoke"]
+    assert smoke["backend"] == "vllm" and smoke["decoded_tokens"] == 0 and smoke["max_logprob_change"] > 1e-3
