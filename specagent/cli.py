@@ -37,6 +37,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """A matrix of arms on an environment's tasks: episodes.jsonl, report.json, report.md, plots."""
+    cfg = _config("EvalConfig", args)
+    if cfg is None:
+        return 0
+    from specagent.eval.matrix import eval_from_config
+
+    eval_from_config(cfg)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Regenerate an eval's report files from its episodes.jsonl."""
+    from specagent.eval.report import write_report
+
+    write_report(args.eval_dir)
+    return 0
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     """Convert existing agent logs (OpenAI JSONL, tau-bench, tau2-bench) to trajectories.jsonl."""
     from specagent.data.importers import import_trajectories
@@ -90,6 +109,50 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_env(args: argparse.Namespace) -> int:
+    """Environment utilities: serve the built-in store domain as an MCP server."""
+    from specagent.envs.mcp.server import serve_store
+
+    serve_store(http_port=args.http, lie=args.lie)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The runtime as an HTTP service: episodes, OpenAI-compatible chat completions, metrics."""
+    cfg = _config("ServeConfig", args)
+    if cfg is None:
+        return 0
+    try:
+        from specagent.serve.server import serve
+    except ImportError as err:
+        raise SpecAgentError(f"specagent serve needs the serve extra: pip install 'specagent[serve]' ({err})") from None
+    serve(cfg)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """A training output -> adapter dir (+ merged model), vLLM recipe, model card; gated by a smoke round."""
+    from specagent.export import export, transformers_factory, vllm_factory
+
+    kwargs = {"enforce_eager": True, "block_size": 32} if args.cpu_engine_defaults else {}
+    factory = vllm_factory(kwargs) if args.backend == "vllm" else transformers_factory
+    export(args.run_dir, args.out, merge_model=args.merge, smoke=not args.skip_smoke, factory=factory,
+           max_model_len=args.max_model_len, backend=args.backend)
+    return 0
+
+
+def _add_export_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="a `specagent train drafter|verdict` output dir (has adapter/)")
+    parser.add_argument("--out", "-o", required=True, help="export dir to write (replaced only if the gate passes)")
+    parser.add_argument("--merge", action="store_true", help="also write merged/: base + adapter as one checkpoint")
+    parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm",
+                        help="engine that must load the export for the smoke gate (default: vllm)")
+    parser.add_argument("--skip-smoke", action="store_true", help="no smoke gate (not recommended)")
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--cpu-engine-defaults", action=argparse.BooleanOptionalAction, default=True,
+                        help="vLLM on CPU: enforce_eager and block_size 32 (turn off on GPU)")
+
+
 def _add_train_args(parser: argparse.ArgumentParser) -> None:
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
     for kind, help_text in (("drafter", "LoRA SFT of the weak model on the mined drafter dataset"),
@@ -103,6 +166,10 @@ def _add_mine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge", type=int, metavar="N", help="build the datasets from N finished shards")
 
 
+def _add_report_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("eval_dir", help="the output_dir of a `specagent eval` (holds config.yaml, episodes.jsonl)")
+
+
 def _add_import_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", help="log files to import")
     parser.add_argument("--format", "-f", default="auto", choices=["auto", "openai", "tau", "tau2"])
@@ -112,17 +179,35 @@ def _add_import_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model name stored in each trajectory")
 
 
+def _add_env_args(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    help_text = "serve an environment's tools as an MCP server (stdio, or streamable HTTP with --http)"
+    serve = actions.add_parser("serve-mcp", help=help_text, description=help_text)
+    serve.add_argument("domain", choices=["builtin"], help="builtin: the built-in store domain")
+    serve.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP at http://127.0.0.1:PORT/mcp")
+    serve.add_argument("--lie", action="append", default=[], metavar="TOOL",
+                       help="(tests) declare this write tool read-only, to check that a user's write: list wins")
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, Callable]] = {
     "run": (cmd_run, "run episodes in a mode (strong|weak|stepwise|specagent) on an environment",
             _add_config_args),
+    "eval": (cmd_eval, "run a matrix of arms (strong, weak, stepwise, specagent variants) on an environment "
+             "and write the report (json, md, plots)", _add_config_args),
+    "report": (cmd_report, "regenerate an eval's report from its episodes.jsonl", _add_report_args),
     "collect": (cmd_collect, "run a strong model on an environment's tasks and write trajectories.jsonl",
                 _add_config_args),
     "mine": (cmd_mine, "draft segments with the weak model at every cut point of strong runs, label them",
              _add_mine_args),
     "train": (cmd_train, "LoRA-train the drafter (weak model) or the verdict head/adapter (strong model) "
               "on mined datasets", _add_train_args),
+    "export": (cmd_export, "export a trained adapter for serving (adapter, merged model, vLLM recipe, model card) "
+               "behind a smoke gate that loads it in vLLM", _add_export_args),
     "import": (cmd_import, "import agent logs (OpenAI chat JSONL, tau-bench, tau2-bench) as trajectories.jsonl",
                _add_import_args),
+    "env": (cmd_env, "environment utilities: serve the built-in store domain as an MCP server", _add_env_args),
+    "serve": (cmd_serve, "serve the runtime over HTTP: episodes, OpenAI-compatible chat completions, metrics",
+              _add_config_args),
 }
 
 

@@ -55,24 +55,50 @@ class AirlineEnvSettings(Strict):
     """The live tau-bench airline domain (specagent/envs/airline): data the user points at."""
 
     data_dir: str  # holds flights.json, users.json, reservations.json (not shipped)
-    runs: Optional[str] = None  # tau-bench runs file: its `info.task` records are the tasks
+    runs: Optional[str] = None  # tau-bench runs file (tasks, policy); None: the one other *.json in data_dir
     user: Literal["ticket", "simulated"] = "ticket"
+    user_model: Optional[EngineConfig] = None  # user: simulated: the model that plays the user
+
+    @model_validator(mode="after")
+    def _simulated_needs_a_model(self) -> "AirlineEnvSettings":
+        if self.user == "simulated" and self.user_model is None:
+            raise ValueError("user 'simulated' needs `user_model:` (an engine that plays the user)")
+        return self
 
 
 class McpServerSettings(Strict):
-    """One MCP server: a stdio command or a streamable-HTTP url."""
+    """One MCP server: a stdio `command` (argv; a leading `python` is the interpreter running
+    specagent) or a streamable-HTTP `url` (e.g. http://127.0.0.1:8000/mcp)."""
 
     name: str
-    command: Optional[list[str]] = None
+    command: Optional[list[str]] = Field(None, min_length=1)
     url: Optional[str] = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)  # stdio: extra environment variables
+    # stdio: a fresh server process for every task, for servers that keep their state in memory
+    restart_each_task: bool = False
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> "McpServerSettings":
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of `command` (stdio) or `url` (streamable HTTP)")
+        if self.restart_each_task and self.command is None:
+            raise ValueError("restart_each_task needs a stdio `command`: specagent cannot restart an HTTP server")
+        return self
 
 
 class McpEnvSettings(Strict):
     """Tools from MCP servers (specagent/envs/mcp); tasks from a YAML/JSONL file."""
 
-    servers: list[McpServerSettings] = Field(default_factory=list, min_length=1)
+    servers: list[McpServerSettings] = Field(min_length=1)
     tasks_path: Optional[str] = None
+    terminal_tools: list[str] = Field(default_factory=list)  # calls that end the conversation
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "McpEnvSettings":
+        names = [server.name for server in self.servers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"server names must be unique, got {names}")
+        return self
 
 
 class EnvConfig(Strict):
@@ -120,9 +146,84 @@ class RunConfig(Strict):
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
     protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
     trials: int = Field(1, gt=0)
+    # episodes side by side, one thread each; their requests batch in the engines
+    concurrency: int = Field(1, gt=0)
     output_dir: str = "runs/run"
     resume: bool = True
     transcript: bool = True
+
+
+class ServeVerifierConfig(VerifierConfig):
+    """The verifier of `specagent serve`. `scripted` (tests only): approves the drafted steps
+    that the environment's expert would take, with no model."""
+
+    kind: Literal["generative", "head", "scripted"] = "generative"
+
+
+class ServeConfig(Strict):
+    """`specagent serve`: the runtime as an HTTP service (episodes, OpenAI-compatible chat, metrics)."""
+
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    strong: EngineConfig = Field(default_factory=EngineConfig)
+    weak: EngineConfig = Field(default_factory=EngineConfig)
+    drafter_adapter: Optional[str] = None  # an adapter name on the weak engine
+    verifier: ServeVerifierConfig = Field(default_factory=ServeVerifierConfig)
+    protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
+    host: str = "127.0.0.1"
+    port: int = Field(8100, gt=0, lt=65536)
+
+
+class ArmConfig(Strict):
+    """One arm of an eval: a protocol mode and what the models carry in it."""
+
+    name: str = Field(min_length=1)
+    mode: Literal["strong", "weak", "stepwise", "specagent"]
+    drafter_adapter: Optional[str] = None  # a path, or an adapter name of the weak engine
+    verifier: Optional[VerifierConfig] = None  # specagent only; None: the generative verdict
+    threshold_sweep: Optional[list[float]] = Field(None, min_length=1)  # head verifier: one run per threshold
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ArmConfig":
+        if "@" in self.name:
+            raise ValueError(f"arm name {self.name!r}: '@' is reserved for threshold-sweep runs (name@threshold)")
+        if self.drafter_adapter and self.mode == "strong":
+            raise ValueError(f"arm {self.name!r}: mode 'strong' has no drafter; drop drafter_adapter")
+        if self.verifier and self.mode != "specagent":
+            raise ValueError(f"arm {self.name!r}: only mode 'specagent' uses a verifier")
+        if self.threshold_sweep is not None:
+            if self.verifier is None or self.verifier.kind != "head":
+                raise ValueError(f"arm {self.name!r}: threshold_sweep needs a head verifier (verifier.kind: head)")
+            if not all(0.0 < t < 1.0 for t in self.threshold_sweep):
+                raise ValueError(f"arm {self.name!r}: every threshold_sweep value must lie in (0, 1)")
+            if len(set(self.threshold_sweep)) < len(self.threshold_sweep):
+                raise ValueError(f"arm {self.name!r}: threshold_sweep repeats a value")
+        return self
+
+
+def _default_arms() -> list[ArmConfig]:
+    return [ArmConfig(name=mode, mode=mode) for mode in ("strong", "weak", "stepwise", "specagent")]
+
+
+class EvalConfig(Strict):
+    """`specagent eval`: a matrix of arms on one environment's tasks, one engine per distinct
+    model for the whole matrix, and the report."""
+
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    strong: EngineConfig = Field(default_factory=EngineConfig)
+    weak: EngineConfig = Field(default_factory=EngineConfig)
+    protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
+    arms: list[ArmConfig] = Field(default_factory=_default_arms, min_length=1)
+    trials: int = Field(1, gt=0)
+    output_dir: str = "runs/eval"
+    resume: bool = True
+
+    @model_validator(mode="after")
+    def _unique_arm_names(self) -> "EvalConfig":
+        names = [arm.name for arm in self.arms]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"arm names must be unique; repeated: {', '.join(repeated)}")
+        return self
 
 
 class MineConfig(Strict):
@@ -132,8 +233,9 @@ class MineConfig(Strict):
     output_dir: str = "runs/mined"
     drafter: EngineConfig = Field(default_factory=EngineConfig)
     drafter_adapter: Optional[str] = None
-    env: Literal["replay", "store"] = "replay"  # replay the log, or a live environment
-    env_tasks_path: Optional[str] = None  # task file of the live environment
+    env: Literal["replay", "store", "airline"] = "replay"  # replay the log, or a live environment
+    env_tasks_path: Optional[str] = None  # task file of the live environment (airline: the tau-bench runs file)
+    env_data_dir: Optional[str] = None  # env: airline: the tau-bench airline data dir
     read_only: list[str] = Field(default_factory=list)
     write: list[str] = Field(default_factory=list)
     # the first labeler gives the dataset's labels; all are kept in segments (`all_labels`)
@@ -154,8 +256,17 @@ class MineConfig(Strict):
         if {"judge", "rollout"} & set(self.labelers) and self.strong is None:
             raise ValueError("labelers 'judge' and 'rollout' need a `strong` engine")
         if "rollout" in self.labelers and self.env == "replay":
-            raise ValueError("labeler 'rollout' needs a live environment (env: store), not the replay log")
+            raise ValueError("labeler 'rollout' needs a live environment (env: store or airline), not the replay log")
+        if self.env == "airline" and not self.env_data_dir:
+            raise ValueError("env 'airline' needs `env_data_dir:` (the tau-bench airline data dir)")
         return self
+
+    def live_env_config(self) -> EnvConfig:
+        """The live environment's config (env: store or airline)."""
+        if self.env == "airline":
+            airline = AirlineEnvSettings(data_dir=self.env_data_dir, runs=self.env_tasks_path)
+            return EnvConfig(name="airline", airline=airline)
+        return EnvConfig(name=self.env, tasks_path=self.env_tasks_path)
 
 
 class CollectConfig(Strict):

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from specagent.config import CollectConfig, DrafterTrainConfig, MineConfig, RunConfig, VerdictTrainConfig, load_config
+from specagent.config import (
+    CollectConfig, DrafterTrainConfig, EvalConfig, MineConfig, RunConfig, ServeConfig, VerdictTrainConfig, load_config,
+)
 from specagent.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,6 +21,8 @@ TRAIN_DRAFTER_CONFIGS = sorted((ROOT / "configs" / "train" / "drafter").glob("*.
 TRAIN_VERDICT_CONFIGS = sorted((ROOT / "configs" / "train" / "verdict").glob("*.yaml"))
 # configs/accelerate/*.yaml are accelerate's own files, loaded in tests/train/test_train_configs.py
 ACCELERATE_CONFIGS = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
+SERVE_CONFIGS = sorted((ROOT / "configs" / "serve").glob("*.yaml"))
+EVAL_CONFIGS = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
@@ -47,10 +51,22 @@ def test_shipped_train_verdict_config_validates(path):
     assert load_config(VerdictTrainConfig, path).kind in ("head", "generative")
 
 
+@pytest.mark.parametrize("path", SERVE_CONFIGS, ids=lambda p: p.name)
+def test_shipped_serve_config_validates(path):
+    cfg = load_config(ServeConfig, path)
+    assert cfg.host == "127.0.0.1" and cfg.port > 0
+
+
+@pytest.mark.parametrize("path", EVAL_CONFIGS, ids=lambda p: p.name)
+def test_shipped_eval_config_validates(path):
+    assert {arm.mode for arm in load_config(EvalConfig, path).arms} == {"strong", "weak", "stepwise", "specagent"}
+
+
 def test_every_config_file_is_covered():
     all_yaml = set((ROOT / "configs").rglob("*.yaml"))
     covered = set(RUN_CONFIGS) | set(IMPORT_CONFIGS) | set(MINE_CONFIGS) | set(COLLECT_CONFIGS)
     covered |= set(TRAIN_DRAFTER_CONFIGS) | set(TRAIN_VERDICT_CONFIGS) | set(ACCELERATE_CONFIGS)
+    covered |= set(SERVE_CONFIGS) | set(EVAL_CONFIGS)
     assert all_yaml == covered, "a config without a schema test: add it to the lists above"
 
 

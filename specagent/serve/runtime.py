@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from specagent.config import EnvConfig, RunConfig, dump_config
 from specagent.core.errors import ConfigError
-from specagent.core.interfaces import Environment
+from specagent.core.interfaces import Environment, TokenScorer
 from specagent.core.metrics import summarize
-from specagent.core.protocol import Models, ProtocolConfig
+from specagent.core.protocol import Episode, Models, ProtocolConfig
 from specagent.core.verify import GenerativeVerifier
 from specagent.engines import EnginePool
+from specagent.engines.batching import batch_report, batching_engines
+from specagent.engines.verdict_head import HeadVerifier, head_adapter_dir
 from specagent.eval.episodes import run_tasks
 from specagent.serve.transcript import print_summary, print_transcript
 
@@ -75,15 +78,54 @@ def scripted_policy(env: Environment, configs) -> Any:
     return expert_policy(env)
 
 
-def build_models(cfg: RunConfig, env: Environment, pool: EnginePool, modes: tuple[str, ...]) -> Models:
+def adapter_dir(path: str | None) -> str | None:
+    """The peft dir behind an adapter given by path (a training output's or an export's
+    `adapter/`, or the dir itself); None when ``path`` is an adapter *name*."""
+    if not path:
+        return None
+    for candidate in (Path(path), Path(path) / "adapter"):
+        if (candidate / "adapter_config.json").is_file():
+            return str(candidate)
+    if Path(path).exists():
+        raise ConfigError(f"{path}: not a peft adapter dir (no adapter_config.json in it or in its adapter/)")
+    return None
+
+
+def _with_adapter(cfg: Any, name: str, path: str) -> Any:
+    return cfg.model_copy(update={"adapters": {**cfg.adapters, name: path}})
+
+
+def build_models(
+    cfg: RunConfig, env: Environment, pool: EnginePool, modes: tuple[str, ...], batch: bool = False
+) -> Models:
+    """Engines per role (shared where the configs match), adapters given by path registered on
+    the engine that serves them, and the verifier (generative or trained head). ``batch``: the
+    engines behind BatchingEngines, for episodes run side by side (verdicts batch too)."""
     roles = sorted({role for mode in modes for role in needed_roles(mode)})
-    policy = scripted_policy(env, [getattr(cfg, r) for r in roles])
-    engines = pool.for_roles({r: getattr(cfg, r) for r in roles}, scripted_policy=policy)
+    configs = {r: getattr(cfg, r) for r in roles}
+    weak_adapter, verdict_adapter, head = cfg.drafter_adapter, cfg.verifier.adapter, None
+    if "weak" in configs and (path := adapter_dir(weak_adapter)):
+        configs["weak"], weak_adapter = _with_adapter(configs["weak"], "drafter", path), "drafter"
+    wants_verifier = "strong" in configs and "specagent" in modes
+    if wants_verifier and cfg.verifier.kind == "head":
+        head = head_adapter_dir(cfg.verifier.head)
+        configs["strong"] = _with_adapter(configs["strong"], "verdict-head", str(head))
+    elif wants_verifier and (path := adapter_dir(verdict_adapter)):
+        configs["strong"], verdict_adapter = _with_adapter(configs["strong"], "verdict", path), "verdict"
+    policy = scripted_policy(env, list(configs.values()))
+    engines = pool.for_roles(configs, scripted_policy=policy)
+    if batch:
+        engines = batching_engines(engines)
     strong = engines.get("strong")
     verifier = None
-    if strong is not None and "specagent" in modes:
-        verifier = GenerativeVerifier(strong, adapter=cfg.verifier.adapter, max_tokens=cfg.verifier.max_tokens)
-    return Models(strong=strong, weak=engines.get("weak"), verifier=verifier, weak_adapter=cfg.drafter_adapter)
+    if wants_verifier and head is not None:
+        if not isinstance(strong, TokenScorer):
+            raise ConfigError(f"verifier kind 'head' needs a strong engine that scores prompt positions "
+                              f"(transformers or vllm), not {cfg.strong.backend!r}")
+        verifier = HeadVerifier(strong, head, cfg.verifier.threshold, adapter="verdict-head")
+    elif wants_verifier:
+        verifier = GenerativeVerifier(strong, adapter=verdict_adapter, max_tokens=cfg.verifier.max_tokens)
+    return Models(strong=strong, weak=engines.get("weak"), verifier=verifier, weak_adapter=weak_adapter)
 
 
 def versions() -> dict[str, Any]:
@@ -118,14 +160,48 @@ def run_from_config(cfg: RunConfig) -> dict[str, Any]:
         episodes.unlink()
     pool = EnginePool()
     try:
-        models = build_models(cfg, env, pool, (cfg.mode,))
+        models = build_models(cfg, env, pool, (cfg.mode,), batch=cfg.concurrency > 1)
         names = {r: getattr(models, r).model_name for r in ("strong", "weak") if getattr(models, r) is not None}
-        show = print_transcript if cfg.transcript else None
+        finished: list[dict[str, Any]] = []
+
+        def on_episode(ep: Episode, record: dict[str, Any]) -> None:
+            finished.append(record)
+            if cfg.transcript:
+                print_transcript(ep, record)
+
+        began = time.perf_counter()
         records = run_tasks(env, tasks, [cfg.mode], models, protocol_config(cfg), episodes,
-                            trials=cfg.trials, model_names=names, on_episode=show)
+                            trials=cfg.trials, model_names=names, on_episode=on_episode,
+                            concurrency=cfg.concurrency, env_factory=lambda: build_env(cfg.env))
+        rate = throughput(len(finished), time.perf_counter() - began, cfg.concurrency, models)
     finally:
         pool.close()
     summary = summarize(r for r in records if r["task_id"] in set(tasks))
+    if cfg.mode in summary:
+        summary[cfg.mode]["throughput"] = rate
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print_summary(summary, out_dir)
+    print(throughput_line(rate))
     return summary
+
+
+def throughput(episodes: int, seconds: float, concurrency: int, models: Models) -> dict[str, Any]:
+    """Episodes per minute of this invocation (resumed episodes excluded) and, when the
+    engines batch, their batch statistics."""
+    return {
+        "concurrency": concurrency,
+        "episodes": episodes,
+        "seconds": seconds,
+        "episodes_per_min": 60 * episodes / seconds if seconds > 0 else None,
+        "engines": batch_report({"strong": models.strong, "weak": models.weak}),
+    }
+
+
+def throughput_line(rate: dict[str, Any]) -> str:
+    per_min = rate["episodes_per_min"]
+    line = (f"throughput: {rate['episodes']} episodes in {rate['seconds']:.1f}s"
+            f" = {per_min or 0:.2f}/min at concurrency {rate['concurrency']}")
+    for engine in rate["engines"]:
+        line += (f"; {'+'.join(engine['roles'])} engine: {engine['engine_calls']} calls,"
+                 f" mean batch {engine['mean_batch']:.2f}, max {engine['max_batch']}")
+    return line

@@ -66,7 +66,15 @@ def training_kwargs(opt: OptimSettings, output_dir: str) -> dict[str, Any]:
         logging_steps=opt.logging_steps, logging_first_step=True, save_strategy="steps", save_steps=opt.save_steps,
         save_total_limit=opt.save_total_limit, seed=opt.seed, data_seed=opt.seed, report_to=opt.report_to,
     )
+    if opt.bf16 and not _has_accelerator():
+        kwargs["use_cpu"] = True  # bf16 autocast on CPU; transformers refuses bf16 without it
     return {**kwargs, **opt.extra}
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def resume_checkpoint(output_dir: str, resume: bool) -> str | None:
