@@ -250,6 +250,8 @@ class MineConfig(Strict):
     stride: int = Field(1, gt=0)  # every k-th trajectory (e.g. 4: one trial per task of tau-bench runs)
     limit: Optional[int] = Field(None, gt=0)  # then the first N trajectories
     max_cuts_per_trajectory: Optional[int] = Field(None, gt=0)  # evenly spaced cut points
+    # also add the strong model's own next steps at each cut as valid segments (verdict data only)
+    reference_segments: bool = False
 
     @model_validator(mode="after")
     def _labelers_have_what_they_need(self) -> "MineConfig":

@@ -101,6 +101,7 @@ def verdict_rows(segments: Sequence[dict[str, Any]], by_id: dict[str, Trajectory
         out[split[traj.task_id]].append({
             "segment_id": seg["id"],
             "task_id": traj.task_id,
+            "label_source": seg["label_source"],
             "messages": chat_json(messages),
             "tools": [spec.to_openai() for spec in traj.tools],
             "step_message_indices": indices,
@@ -196,13 +197,14 @@ def finalize(
     """Shard files -> `segments`, `drafter`, `verdict` datasets + `stats.json` + README card.
     The same shard contents always give the same datasets, however they were mined."""
     rows = read_shards(work_dir, trajectories, shard_count)
-    segments = [seg for row in rows for seg in row["segments"]]
+    everything = [seg for row in rows for seg in row["segments"]]
+    segments = [seg for seg in everything if seg["label_source"] != "reference"]  # drafts only: acceptance
     split = {t.task_id: split_of(t.task_id, validation_tasks, validation_fraction) for t in trajectories}
     by_id = {t.id: t for t in trajectories}
     built = {
         "segments": to_dataset_dict(segment_rows(segments, split), ("steps", "reference")),
         "drafter": to_dataset_dict(drafter_rows(trajectories, split), ("messages", "tools")),
-        "verdict": to_dataset_dict(verdict_rows(segments, by_id, split), ("messages", "tools", "prompt", "completion")),
+        "verdict": to_dataset_dict(verdict_rows(everything, by_id, split), ("messages", "tools", "prompt", "completion")),
     }
     for name, dataset in built.items():
         dataset.save_to_disk(str(out_dir / name))
@@ -210,6 +212,7 @@ def finalize(
         "trajectories": len(trajectories),
         "tasks": {s: sorted({t for t, v in split.items() if v == s}) for s in ("train", "validation")},
         "rows": {name: {k: len(v) for k, v in d.items()} for name, d in built.items()},
+        "reference_segments": len(everything) - len(segments),
         "all": segment_stats(segments),
         "train": segment_stats([s for s in segments if split[s["task_id"]] == "train"]),
         "validation": segment_stats([s for s in segments if split[s["task_id"]] == "validation"]),

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from specagent.core.classify import classify_tools
+from specagent.core.classify import classify_tools, step_kind
 from specagent.core.draft import DraftJob, draft_batch
 from specagent.core.interfaces import ChatEngine, Environment
 from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall, Trajectory, Usage
@@ -70,6 +70,7 @@ class MineSettings:
     judge_max_tokens: int = 8
     max_cuts: int | None = None
     rollout_steps: int = 8
+    reference_segments: bool = False
 
 
 @dataclass
@@ -209,7 +210,35 @@ def mine_trajectory(
     records = []
     for n, (cut, seg, ref) in enumerate(zip(cuts, segments, references)):
         records.append(segment_record(traj, cut, seg, ref, {k: v[n] for k, v in labels.items()}, settings))
+    if settings.reference_segments:
+        for cut, ref in zip(cuts, references):
+            seg = reference_segment(traj, cut, read_only, settings.max_draft_steps)
+            if seg.steps:
+                ones = [1] * len(seg.steps)
+                record = segment_record(traj, cut, seg, ref, {settings.labelers[0]: ones}, settings)
+                records.append({**record, "id": record["id"] + ":reference", "label_source": "reference",
+                                "all_labels": {"reference": ones}})
     return records
+
+
+def reference_segment(traj: Trajectory, cut: int, read_only: dict[str, bool], max_steps: int) -> Segment:
+    """The strong model's own next steps at a cut, cut by the DRAFT rules (lookups with their
+    recorded observations, then the first held step): valid by construction. They give a
+    verdict model positives where the weak drafter has few; they are not drafts and are
+    left out of acceptance figures."""
+    steps, i, messages = [], cut, traj.messages
+    while i < len(messages) and messages[i].role == "assistant" and len(steps) < max_steps:
+        message = messages[i]
+        kind = step_kind(message, read_only)
+        j = i + 1
+        while j < len(messages) and messages[j].role == "tool":
+            j += 1
+        observations = tuple(messages[i + 1 : j]) if kind is StepKind.READ else ()
+        steps.append(DraftedStep(message, kind, observations))
+        if kind is not StepKind.READ:
+            return Segment(cut, tuple(steps), "held")
+        i = j
+    return Segment(cut, tuple(steps), "max_steps" if len(steps) >= max_steps else "end")
 
 
 def segment_record(traj: Trajectory, cut: int, seg: Segment, reference: list[Message],

@@ -95,6 +95,26 @@ def test_labels_mix_valid_and_invalid_and_are_prefix_closed(store_trajectories, 
     assert "single_write_01" not in {s["task_id"] for s in rows["segments"]["train"]}
 
 
+def test_reference_segments_are_valid_verdict_rows_and_never_count_as_drafts(store_trajectories, tmp_path):
+    """The strong model's own next steps, cut by the DRAFT rules, as positives for the verdict
+    data; the acceptance figures and the `segments` dataset keep drafts only."""
+    import json
+
+    plain = mine_all(store_trajectories, tmp_path / "plain", ScriptedEngine(lambda *_: "Sorry, I cannot help."))
+    rows = mine_all(store_trajectories, tmp_path / "ref", ScriptedEngine(lambda *_: "Sorry, I cannot help."),
+                    settings=MineSettings(reference_segments=True))
+    assert rows["segments"] == plain["segments"]
+    verdict = rows["verdict"]["train"] + rows["verdict"]["validation"]
+    references = [r for r in verdict if r["label_source"] == "reference"]
+    drafted = [r for r in verdict if r["label_source"] == "match"]
+    assert references and drafted and len(drafted) == len(plain["verdict"]["train"] + plain["verdict"]["validation"])
+    assert all(set(r["labels"]) == {1} for r in references) and all(set(r["labels"]) == {0} for r in drafted)
+    for row in references:  # the DRAFT rules: lookups, then at most one held step, which ends it
+        assert len(row["labels"]) <= MineSettings().max_draft_steps
+    stats = json.loads((tmp_path / "ref" / "stats.json").read_text())
+    assert stats["reference_segments"] == len(references) and stats["all"]["accepted_steps"] == 0
+
+
 def test_killed_mid_way_rerun_gives_identical_datasets(store_trajectories, tmp_path):
     drafter = noisy_expert(StoreEnv())
     once = mine_all(store_trajectories, tmp_path / "once", ScriptedEngine(drafter))
