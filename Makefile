@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 quickstart: setup
-	$(VENV)/bin/specagent run --config configs/quickstart.yaml
+	$(VENV)/bin/specagent quickstart
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

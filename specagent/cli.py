@@ -153,6 +153,20 @@ def _add_export_args(parser: argparse.ArgumentParser) -> None:
                         help="vLLM on CPU: enforce_eager and block_size 32 (turn off on GPU)")
 
 
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    """collect -> mine -> train (strong, drafter, verdict) -> export -> eval on the built-in domain."""
+    from specagent.quickstart import run_pipeline
+
+    run_pipeline(args.pipeline, fresh=args.fresh)
+    return 0
+
+
+def _add_quickstart_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pipeline", default="configs/quickstart/pipeline.yaml",
+                        help="the stages to run (default: configs/quickstart/pipeline.yaml)")
+    parser.add_argument("--fresh", action="store_true", help="delete every stage's output first")
+
+
 def _add_train_args(parser: argparse.ArgumentParser) -> None:
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
     for kind, help_text in (("drafter", "LoRA SFT of the weak model on the mined drafter dataset"),
@@ -190,6 +204,8 @@ def _add_env_args(parser: argparse.ArgumentParser) -> None:
 
 
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, Callable]] = {
+    "quickstart": (cmd_quickstart, "the whole pipeline on the built-in domain: collect, mine, train, export, eval",
+                   _add_quickstart_args),
     "run": (cmd_run, "run episodes in a mode (strong|weak|stepwise|specagent) on an environment",
             _add_config_args),
     "eval": (cmd_eval, "run a matrix of arms (strong, weak, stepwise, specagent variants) on an environment "

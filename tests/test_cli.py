@@ -20,14 +20,14 @@ def test_help_is_instant_and_lists_run():
 
 
 def test_config_typo_exits_2_with_every_problem_and_no_traceback():
-    out = specagent("run", "-c", "configs/quickstart.yaml", "mdoe=strong", "protocol.max_steps=-3")
+    out = specagent("run", "-c", "configs/run/store_smollm2_transformers.yaml", "mdoe=strong", "protocol.max_steps=-3")
     assert out.returncode == 2
     assert "mdoe: unknown key" in out.stderr and "protocol.max_steps" in out.stderr
     assert "Traceback" not in out.stderr
 
 
 def test_dump_config_prints_resolved_values():
-    out = specagent("run", "-c", "configs/quickstart.yaml", "--dump-config", "env.limit=7")
+    out = specagent("run", "-c", "configs/run/store_smollm2_transformers.yaml", "--dump-config", "env.limit=7")
     assert out.returncode == 0 and "limit: 7" in out.stdout
 
 

@@ -12,7 +12,7 @@ from specagent.config import (
 from specagent.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_CONFIGS = sorted((ROOT / "configs" / "run").glob("*.yaml")) + [ROOT / "configs" / "quickstart.yaml"]
+RUN_CONFIGS = sorted((ROOT / "configs" / "run").glob("*.yaml"))
 # configs/import/*.yaml are tools files, validated in tests/data/test_schemas.py
 IMPORT_CONFIGS = sorted((ROOT / "configs" / "import").glob("*.yaml"))
 MINE_CONFIGS = sorted((ROOT / "configs" / "mine").glob("*.yaml"))
@@ -23,6 +23,8 @@ TRAIN_VERDICT_CONFIGS = sorted((ROOT / "configs" / "train" / "verdict").glob("*.
 ACCELERATE_CONFIGS = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
 SERVE_CONFIGS = sorted((ROOT / "configs" / "serve").glob("*.yaml"))
 EVAL_CONFIGS = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
+QUICKSTART = ROOT / "configs" / "quickstart" / "pipeline.yaml"
+QUICKSTART_STAGES = sorted((ROOT / "configs" / "quickstart").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
@@ -62,11 +64,22 @@ def test_shipped_eval_config_validates(path):
     assert {arm.mode for arm in load_config(EvalConfig, path).arms} == {"strong", "weak", "stepwise", "specagent"}
 
 
+def test_quickstart_pipeline_and_every_stage_config_validate():
+    from specagent.quickstart import PipelineConfig, stage_plan
+
+    stages = load_config(PipelineConfig, QUICKSTART).stages
+    plans = [stage_plan(stage, QUICKSTART.parent) for stage in stages]  # loads each stage's config
+    used = {QUICKSTART.parent / s.config for s in stages if s.config} | {QUICKSTART}
+    assert used == set(QUICKSTART_STAGES)
+    assert [argv[0] for argv, _, _ in plans] == ["collect", "mine", "train", "export", "train", "train", "export",
+                                                 "export", "eval"]
+
+
 def test_every_config_file_is_covered():
     all_yaml = set((ROOT / "configs").rglob("*.yaml"))
     covered = set(RUN_CONFIGS) | set(IMPORT_CONFIGS) | set(MINE_CONFIGS) | set(COLLECT_CONFIGS)
     covered |= set(TRAIN_DRAFTER_CONFIGS) | set(TRAIN_VERDICT_CONFIGS) | set(ACCELERATE_CONFIGS)
-    covered |= set(SERVE_CONFIGS) | set(EVAL_CONFIGS)
+    covered |= set(SERVE_CONFIGS) | set(EVAL_CONFIGS) | set(QUICKSTART_STAGES)
     assert all_yaml == covered, "a config without a schema test: add it to the lists above"
 
 

@@ -1,0 +1,125 @@
+"""`specagent quickstart`: collect -> mine -> train -> export -> eval, as one command.
+
+The pipeline is a list of stages in `configs/quickstart/pipeline.yaml`; each stage is a
+`specagent` command with its own config, run as a separate process exactly as a user
+would type it (the command is printed), so any stage can be rerun alone. A stage whose
+output is already on disk is skipped: rerunning resumes, `--fresh` starts over.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import Field
+
+from specagent.config import (
+    CollectConfig, DrafterTrainConfig, EvalConfig, MineConfig, Strict, VerdictTrainConfig, load_config,
+)
+from specagent.core.errors import ConfigError, SpecAgentError
+
+SCHEMAS = {"collect": CollectConfig, "mine": MineConfig, "train drafter": DrafterTrainConfig,
+           "train verdict": VerdictTrainConfig, "eval": EvalConfig}
+
+
+class StageConfig(Strict):
+    command: Literal["collect", "mine", "train drafter", "train verdict", "export", "eval"]
+    config: Optional[str] = None  # relative to the pipeline file
+    # export only
+    from_: Optional[str] = Field(None, alias="from")
+    to: Optional[str] = None
+    merge: bool = False
+    backend: Literal["vllm", "transformers"] = "vllm"
+
+
+class PipelineConfig(Strict):
+    stages: list[StageConfig] = Field(min_length=1)
+
+
+def stage_plan(stage: StageConfig, base: Path) -> tuple[list[str], Path, str]:
+    """(the specagent argv, the output that marks it done, a label)."""
+    if stage.command == "export":
+        if not stage.from_ or not stage.to:
+            raise ConfigError("an export stage needs `from` and `to`")
+        argv = ["export", stage.from_, "-o", stage.to, "--backend", stage.backend] + (["--merge"] if stage.merge else [])
+        return argv, Path(stage.to) / "export.json", f"export {stage.to}"
+    if not stage.config:
+        raise ConfigError(f"stage {stage.command!r} needs a `config`")
+    path = base / stage.config
+    cfg = load_config(SCHEMAS[stage.command], path, [])
+    done = {
+        "collect": lambda: Path(cfg.output),
+        "mine": lambda: Path(cfg.output_dir) / "stats.json",
+        "train drafter": lambda: Path(cfg.output_dir) / "adapter" / "adapter_config.json",
+        "train verdict": lambda: Path(cfg.output_dir) / "adapter" / "adapter_config.json",
+        "eval": lambda: Path(cfg.output_dir) / "report.md",
+    }[stage.command]()
+    return [*stage.command.split(), "-c", str(path)], done, f"{stage.command} ({path.name})"
+
+
+def outputs_of(stage: StageConfig, base: Path) -> list[Path]:
+    """What `--fresh` removes for a stage."""
+    if stage.command == "export":
+        return [Path(stage.to)] if stage.to else []
+    cfg = load_config(SCHEMAS[stage.command], base / stage.config, [])
+    return [Path(cfg.output)] if stage.command == "collect" else [Path(cfg.output_dir)]
+
+
+def run_pipeline(pipeline: str | Path, fresh: bool = False, out: str | Path = "runs/quickstart") -> dict:
+    """Run every stage not yet done, in order; print timings and the eval report at the end."""
+    pipeline = Path(pipeline)
+    if not pipeline.is_file():
+        raise ConfigError(f"{pipeline}: no such pipeline file")
+    cfg = load_config(PipelineConfig, pipeline, [])
+    base = pipeline.parent
+    plans = [stage_plan(stage, base) for stage in cfg.stages]  # every config validated before any work
+    if fresh:
+        for stage in cfg.stages:
+            for path in outputs_of(stage, base):
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    timings = []
+    began = time.perf_counter()
+    for n, (argv, done, label) in enumerate(plans, 1):
+        if done.exists():
+            print(f"\n[{n}/{len(plans)}] {label}: done ({done} exists), skipped", flush=True)
+            timings.append({"stage": label, "seconds": 0.0, "skipped": True})
+            continue
+        command = [sys.executable, "-m", "specagent", *argv]
+        print(f"\n[{n}/{len(plans)}] {label}\n$ specagent {shlex.join(argv)}", flush=True)
+        start = time.perf_counter()
+        code = subprocess.run(command).returncode
+        timings.append({"stage": label, "seconds": round(time.perf_counter() - start, 1), "skipped": False})
+        if code != 0:
+            raise SpecAgentError(f"stage {n} ({label}) failed with exit code {code}; fix it and rerun "
+                                 "`specagent quickstart` to resume from this stage")
+    total = time.perf_counter() - began
+    summary = {"stages": timings, "seconds": round(total, 1)}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "timings.json").write_text(json.dumps(summary, indent=2))
+    print("\nquickstart stages:")
+    for t in timings:
+        shown = "skipped" if t["skipped"] else f"{t['seconds']:.0f} s"
+        print(f"  {t['stage']:<56} {shown}")
+    print(f"  {'total':<56} {total:.0f} s")
+    report = report_path(pipeline)
+    if report is not None and report.exists():
+        print(f"\nreport: {report} (+ report.json and plots beside it)")
+    return summary
+
+
+def report_path(pipeline: str | Path) -> Path | None:
+    """The eval stage's report.md, if the pipeline has one."""
+    pipeline = Path(pipeline)
+    for stage in load_config(PipelineConfig, pipeline, []).stages:
+        if stage.command == "eval":
+            data = yaml.safe_load((pipeline.parent / stage.config).read_text())
+            return Path(data.get("output_dir", "runs/eval")) / "report.md"
+    return None
