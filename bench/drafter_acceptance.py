@@ -1,0 +1,82 @@
+"""Drafter offline acceptance before vs after LoRA training, on a mine run's validation split.
+
+The base weak model and the trained adapter draft at the same held-out cut points (the
+mine run's validation trajectories, its environment, its DRAFT rules) and are labeled by
+the same `match` labeler with the metric definitions of DESIGN §3 (`segment_stats`):
+acceptance = accepted drafted steps / drafted steps. One engine serves both (the adapter
+by LoRA per request), so nothing differs but the weights.
+
+    python bench/drafter_acceptance.py --mined runs/airline/mined \
+        --adapter runs/airline/train/drafter-smollm2 [--cuts 6] [--limit 5] [--backend vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+from specagent.config import AcceptanceSettings, MineConfig, load_config
+from specagent.serve.runtime import adapter_dir
+from specagent.train.acceptance import held_out, offline_acceptance
+
+
+def build_engine(backend: str, mine: MineConfig, adapter: str):
+    if backend == "vllm":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        from specagent.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(mine.drafter.model, gguf_file=mine.drafter.gguf_file, adapters={"tuned": adapter},
+                          max_model_len=mine.drafter.max_model_len, engine_kwargs=dict(mine.drafter.engine_kwargs))
+    from specagent.engines.transformers_engine import TransformersEngine
+
+    return TransformersEngine(mine.drafter.model, gguf_file=mine.drafter.gguf_file, adapters={"tuned": adapter},
+                              max_model_len=mine.drafter.max_model_len)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mined", default="runs/airline/mined", help="a `specagent mine` output dir")
+    parser.add_argument("--adapter", default="runs/airline/train/drafter-smollm2",
+                        help="the trained drafter (training output, export, or adapter dir)")
+    parser.add_argument("--cuts", type=int, default=6, help="cut points per validation trajectory")
+    parser.add_argument("--limit", type=int, default=None, help="validation trajectories (default: all)")
+    parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
+    parser.add_argument("--out", default="runs/bench/drafter_acceptance.json")
+    args = parser.parse_args()
+
+    adapter = adapter_dir(args.adapter)
+    if adapter is None:
+        raise SystemExit(f"{args.adapter}: no adapter there (train one with `specagent train drafter`)")
+    mine = load_config(MineConfig, Path(args.mined) / "mine_config.yaml")
+    data = held_out(AcceptanceSettings(mined=args.mined, limit=args.limit, max_cuts_per_trajectory=args.cuts))
+    engine = build_engine(args.backend, mine, adapter)
+    results = {}
+    try:
+        for name, lora in (("base", None), ("tuned", "tuned")):
+            began = time.perf_counter()
+            run = dataclasses.replace(data, settings=dataclasses.replace(data.settings, drafter_adapter=lora))
+            results[name] = {**offline_acceptance(engine, run), "seconds": round(time.perf_counter() - began, 1)}
+    finally:
+        getattr(engine, "close", lambda: None)()
+    report = {"mined": args.mined, "adapter": adapter, "backend": args.backend, "cuts": args.cuts,
+              "validation_trajectories": [t.id for t in data.trajectories], **results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+
+    print(f"\nvalidation: {len(data.trajectories)} trajectories, {args.cuts} cut points each, labeler match")
+    print(f"{'drafter':<8} {'segments':>8} {'drafted':>8} {'accepted':>8} {'acceptance':>10} {'mean prefix':>11}  ended by")
+    for name, r in results.items():
+        rate = "–" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.1f}%"
+        prefix = "–" if r["mean_accepted_prefix"] is None else f"{r['mean_accepted_prefix']:.2f}"
+        print(f"{name:<8} {r['segments']:>8} {r['drafted_steps']:>8} {r['accepted_steps']:>8} {rate:>10} "
+              f"{prefix:>11}  {r['ended_by']}")
+    base, tuned = results["base"]["acceptance_rate"] or 0.0, results["tuned"]["acceptance_rate"] or 0.0
+    print(f"gain: {100 * (tuned - base):+.1f} points   ({args.out})")
+
+
+if __name__ == "__main__":
+    main()
