@@ -252,6 +252,7 @@ class MineConfig(Strict):
     max_cuts_per_trajectory: Optional[int] = Field(None, gt=0)  # evenly spaced cut points
     # also add the strong model's own next steps at each cut as valid segments (verdict data only)
     reference_segments: bool = False
+    batch_trajectories: int = Field(1, gt=0)  # trajectories drafted together (bigger engine batches)
 
     @model_validator(mode="after")
     def _labelers_have_what_they_need(self) -> "MineConfig":

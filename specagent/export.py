@@ -30,7 +30,8 @@ from specagent.core.errors import ConfigError, SpecAgentError
 from specagent.core.interfaces import ChatRequest, ScoreRequest
 from specagent.core.types import Message, ToolSpec
 from specagent.engines.render import render_prompt
-from specagent.engines.verdict_head import HEAD_FILE, HeadSpec, accepted_prefix, boundary_positions, probability
+from specagent.engines.verdict_head import HEAD_FILE, HeadSpec, boundary_positions, probability
+from specagent.train.verdict_metrics import accepted_prefix
 
 EXPORT_FORMAT = "specagent.export/v1"
 ADAPTER_NAME = "exported"

@@ -71,6 +71,7 @@ class MineSettings:
     max_cuts: int | None = None
     rollout_steps: int = 8
     reference_segments: bool = False
+    batch_trajectories: int = 1  # trajectories drafted together in one engine batch
 
 
 @dataclass
@@ -172,18 +173,59 @@ def mine_trajectory(
     restore_for: Callable[[Trajectory, int], Callable[[], Environment]] | None = None,
 ) -> list[dict[str, Any]]:
     """Segments for every cut point of one trajectory, drafted in one batch, labeled."""
-    cuts = cut_points(traj, settings.max_cuts)
-    if not cuts:
-        return []
-    read_only = classify_tools(traj.tools, settings.read_only, settings.write)
+    return mine_trajectories([traj], drafter, jobs_for, settings, stats, strong, restore_for)[0]
+
+
+def mine_trajectories(
+    trajs: Sequence[Trajectory],
+    drafter: ChatEngine,
+    jobs_for: Callable[[Trajectory, Sequence[int]], list[DraftJob]],
+    settings: MineSettings,
+    stats: MineStats,
+    strong: ChatEngine | None = None,
+    restore_for: Callable[[Trajectory, int], Callable[[], Environment]] | None = None,
+) -> list[list[dict[str, Any]]]:
+    """Segments of several trajectories: every cut point of all of them drafted in one batch
+    (the engine batches across trajectories), then labeled per trajectory."""
+    cuts_of = [cut_points(traj, settings.max_cuts) for traj in trajs]
 
     def on_usage(usage: Usage) -> None:
         stats.seconds_in_engines += usage.seconds
         stats.draft_calls += 1
         stats.draft_tokens += usage.completion_tokens
 
-    segments = draft_batch(drafter, jobs_for(traj, cuts), traj.tools, read_only, settings.max_tokens,
-                           settings.drafter_adapter, on_usage)
+    segments_of: list[list[Segment]] = [[] for _ in trajs]
+    by_tools: dict[str, list[int]] = {}  # draft_batch takes one tool list: group by identical tools
+    for n, traj in enumerate(trajs):
+        if cuts_of[n]:
+            by_tools.setdefault(json.dumps([t.to_openai() for t in traj.tools], sort_keys=True), []).append(n)
+    for members in by_tools.values():
+        jobs, owners = [], []
+        for n in members:
+            made = jobs_for(trajs[n], cuts_of[n])
+            jobs += made
+            owners += [n] * len(made)
+        first = trajs[members[0]]
+        read_only = classify_tools(first.tools, settings.read_only, settings.write)
+        drafted = draft_batch(drafter, jobs, first.tools, read_only, settings.max_tokens,
+                              settings.drafter_adapter, on_usage)
+        for n, seg in zip(owners, drafted):
+            segments_of[n].append(seg)
+    return [label_trajectory(traj, cuts, segs, settings, stats, strong, restore_for) if cuts else []
+            for traj, cuts, segs in zip(trajs, cuts_of, segments_of)]
+
+
+def label_trajectory(
+    traj: Trajectory,
+    cuts: Sequence[int],
+    segments: Sequence[Segment],
+    settings: MineSettings,
+    stats: MineStats,
+    strong: ChatEngine | None,
+    restore_for: Callable[[Trajectory, int], Callable[[], Environment]] | None,
+) -> list[dict[str, Any]]:
+    """Labels of one trajectory's drafted segments by every configured labeler; the records."""
+    read_only = classify_tools(traj.tools, settings.read_only, settings.write)
     references = [reference_steps(traj.messages, cut) for cut in cuts]
     labels: dict[str, list[list[int]]] = {}
     if "match" in settings.labelers:
@@ -295,16 +337,21 @@ def mine_shard(
     mine = [t for t in trajectories if shard.owns(t.id) and t.id not in done]
     stats = MineStats()
     start = time.perf_counter()
-    with path.open("a") as sink:
-        for traj in tqdm(mine, desc=f"mining shard {shard.index}/{shard.count}", unit="traj"):
-            engine_before, traj_start = stats.seconds_in_engines, time.perf_counter()
-            segments = mine_trajectory(traj, drafter, jobs_for, settings, stats, strong, restore_for)
-            row = {"trajectory_id": traj.id, "segments": segments,
-                   "seconds_in_engines": stats.seconds_in_engines - engine_before,
-                   "wall_seconds": time.perf_counter() - traj_start}
-            sink.write(json.dumps(row) + "\n")
+    groups = [mine[i : i + settings.batch_trajectories] for i in range(0, len(mine), settings.batch_trajectories)]
+    with path.open("a") as sink, tqdm(total=len(mine), desc=f"mining shard {shard.index}/{shard.count}",
+                                      unit="traj") as bar:
+        for group in groups:
+            engine_before, group_start = stats.seconds_in_engines, time.perf_counter()
+            mined = mine_trajectories(group, drafter, jobs_for, settings, stats, strong, restore_for)
+            share = 1 / len(group)  # a group's engine and wall time, split evenly over its trajectories
+            for traj, segments in zip(group, mined):
+                row = {"trajectory_id": traj.id, "segments": segments,
+                       "seconds_in_engines": (stats.seconds_in_engines - engine_before) * share,
+                       "wall_seconds": (time.perf_counter() - group_start) * share}
+                sink.write(json.dumps(row) + "\n")
             sink.flush()
             os.fsync(sink.fileno())
+            bar.update(len(group))
     stats.extra["wall_seconds"] = time.perf_counter() - start
     stats.extra["trajectories_mined_now"] = len(mine)
     return path, stats

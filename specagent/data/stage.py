@@ -43,6 +43,7 @@ def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard
         labelers=tuple(cfg.labelers), window=cfg.window, max_draft_steps=cfg.max_draft_steps,
         max_tokens=cfg.max_tokens, drafter_adapter=cfg.drafter_adapter, max_cuts=cfg.max_cuts_per_trajectory,
         rollout_steps=cfg.rollout_steps, reference_segments=cfg.reference_segments,
+        batch_trajectories=cfg.batch_trajectories,
         read_only=tuple(cfg.read_only), write=tuple(cfg.write),
     )
     restore_for = None

@@ -29,6 +29,7 @@ from specagent.core.interfaces import ScoreRequest, TokenScorer
 from specagent.core.types import DraftedStep, Message, Segment, ToolSpec, Usage, Verdict
 from specagent.core.verify import verify_messages
 from specagent.engines.render import render_prompt
+from specagent.train.verdict_metrics import accepted_prefix
 
 HEAD_FILE = "verdict.json"
 
@@ -100,13 +101,6 @@ def boundary_positions(tokenizer: Any, messages: Sequence[Message], tools: Seque
 def probability(logprob_yes: float, logprob_no: float) -> float:
     """sigmoid(logit[yes] - logit[no]); the softmax normaliser cancels in the difference."""
     return 1.0 / (1.0 + math.exp(logprob_no - logprob_yes))
-
-
-def accepted_prefix(probs: Sequence[float], threshold: float) -> int:
-    for i, p in enumerate(probs):
-        if p < threshold:
-            return i
-    return len(probs)
 
 
 class HeadVerifier:

@@ -136,6 +136,9 @@ def test_shards_merge_into_the_single_run_dataset(store_trajectories, tmp_path):
     single = mine_all(store_trajectories, tmp_path / "one", ScriptedEngine(drafter))
     sharded = mine_all(store_trajectories, tmp_path / "three", ScriptedEngine(drafter), shards=3)
     assert sharded == single
+    grouped = mine_all(store_trajectories, tmp_path / "grouped", ScriptedEngine(drafter),
+                       settings=MineSettings(batch_trajectories=4))  # several trajectories per engine batch
+    assert grouped == single
     owners = [[Shard(i, 3).owns(t.id) for i in range(3)] for t in store_trajectories]
     assert all(sum(o) == 1 for o in owners)
 
