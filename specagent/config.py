@@ -214,6 +214,7 @@ class EvalConfig(Strict):
     protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
     arms: list[ArmConfig] = Field(default_factory=_default_arms, min_length=1)
     trials: int = Field(1, gt=0)
+    concurrency: int = Field(1, gt=0)  # episodes of an arm run side by side; their calls batch in the engines
     output_dir: str = "runs/eval"
     resume: bool = True
 

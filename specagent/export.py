@@ -102,6 +102,14 @@ def first_turn_request(row: dict[str, Any]) -> ChatRequest:
 Probe = Callable[[Any, "str | None"], list[list[float]]]
 
 
+def _logprobs(scores: Any, what: str) -> list[list[float]]:
+    if scores.estimated:
+        raise SmokeGateFailed(f"smoke gate: {scores.estimated} {what} log-probabilities fell outside the engine's "
+                              "reported top-k (vLLM prompt_logprobs): the head does not put its mass on its tokens "
+                              "yet; train it longer")
+    return scores.logprobs
+
+
 def prompt_probe(request: ChatRequest, width: int = 16) -> Probe:
     """Log-probabilities of the prompt's own next tokens at its last ``width`` positions."""
     def probe(engine: Any, adapter: str | None) -> list[list[float]]:
@@ -119,7 +127,8 @@ def head_probe(row: dict[str, Any], spec: HeadSpec) -> Probe:
         messages = [Message.from_openai(m) for m in row["messages"]]
         tools = [ToolSpec.from_openai(t) for t in row["tools"]]
         ids, positions = boundary_positions(engine.tokenizer, messages, tools, row["step_message_indices"])
-        return engine.score([ScoreRequest(ids, positions, spec.token_ids(engine.tokenizer), adapter)])[0].logprobs
+        scores = engine.score([ScoreRequest(ids, positions, spec.token_ids(engine.tokenizer), adapter)])[0]
+        return _logprobs(scores, "yes/no") if adapter is not None else scores.logprobs
     return probe
 
 

@@ -67,6 +67,7 @@ class Scores:
 
     logprobs: list[list[float]]
     usage: Usage
+    estimated: int = 0  # candidates outside the engine's reported top-k: their log-prob is an upper bound
 
 
 @runtime_checkable

@@ -116,18 +116,18 @@ class HeadVerifier:
         self.candidates = self.spec.token_ids(engine.tokenizer)
 
     def probabilities(self, context: Sequence[Message], tools: Sequence[ToolSpec],
-                      steps: Sequence[DraftedStep]) -> tuple[list[float], Usage]:
+                      steps: Sequence[DraftedStep]) -> tuple[list[float], Usage, int]:
         messages = verify_messages(context, steps)
         ids, positions = boundary_positions(self.engine.tokenizer, messages, tools,
                                             step_message_indices(len(context), steps), self.spec.boundary)
         scores = self.engine.score([ScoreRequest(ids, positions, self.candidates, self.adapter)])[0]
-        return [probability(y, n) for y, n in scores.logprobs], scores.usage
+        return [probability(y, n) for y, n in scores.logprobs], scores.usage, scores.estimated
 
     def verify(self, context: Sequence[Message], tools: Sequence[ToolSpec], segment: Segment
                ) -> tuple[Verdict, list[tuple[str, Usage]]]:
         steps = segment.verifiable
         if not steps:
             return Verdict(accepted=0, raw="(nothing to verify)"), []
-        probs, usage = self.probabilities(context, tools, steps)
-        raw = "head " + " ".join(f"{p:.3f}" for p in probs)
+        probs, usage, estimated = self.probabilities(context, tools, steps)
+        raw = "head " + " ".join(f"{p:.3f}" for p in probs) + (f" ({estimated} log-probs estimated)" if estimated else "")
         return Verdict(accepted=accepted_prefix(probs, self.threshold), raw=raw, scores=tuple(probs)), [("strong", usage)]

@@ -98,7 +98,7 @@ class VLLMEngine:
         share = (time.perf_counter() - began) / len(requests)
         return [self._completion(r, out, share) for r, out in zip(requests, outputs)]
 
-    def score(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[Scores]:
+    def score(self, requests: Sequence[ScoreRequest], top_k: int = 20) -> list[Scores]:
         """Candidate log-probabilities at chosen prompt positions, from `prompt_logprobs` in one
         prefill per request (adapters mixed in one batch).
 
@@ -125,10 +125,15 @@ class VLLMEngine:
         outputs = self._generate([list(r.token_ids) for r in requests], [params] * len(requests),
                                  [self._lora_for(r.adapter) for r in requests])
         share = (time.perf_counter() - began) / len(requests)
-        return [Scores(logprobs=[_candidate_logprobs(out.prompt_logprobs[p + 1], r.candidates) for p in r.positions],
-                       usage=Usage(prompt_tokens=len(out.prompt_token_ids), cached_tokens=out.num_cached_tokens or 0,
-                                   seconds=share))
-                for r, out in zip(requests, outputs)]
+        results = []
+        for r, out in zip(requests, outputs):
+            reported = [out.prompt_logprobs[p + 1] for p in r.positions]
+            results.append(Scores(
+                logprobs=[_candidate_logprobs(entry, r.candidates) for entry in reported],
+                usage=Usage(prompt_tokens=len(out.prompt_token_ids), cached_tokens=out.num_cached_tokens or 0,
+                            seconds=share),
+                estimated=sum(c not in entry for entry in reported for c in r.candidates)))
+        return results
 
     def close(self) -> None:
         """Stop vLLM's engine-core and worker processes; the engine answers no more requests."""

@@ -42,10 +42,11 @@ def eval_from_config(cfg: EvalConfig) -> dict[str, Any]:
         pool.for_roles(roles, scripted_policy(env, roles.values()))  # every engine once, every adapter on it
         for run in runs:
             run_cfg = arm_run_config(shared, run)
-            models = build_models(run_cfg, env, pool, (run_cfg.mode,))
+            models = build_models(run_cfg, env, pool, (run_cfg.mode,), batch=cfg.concurrency > 1)
             names = {r: getattr(models, r).model_name for r in ("strong", "weak") if getattr(models, r) is not None}
             run_tasks(env, tasks, [run_cfg.mode], models, protocol_config(run_cfg), episodes,
-                      trials=cfg.trials, model_names=names, arm=run.label)
+                      trials=cfg.trials, model_names=names, arm=run.label, concurrency=cfg.concurrency,
+                      env_factory=lambda: build_env(cfg.env))
     finally:
         pool.close()
     return write_report(out_dir)

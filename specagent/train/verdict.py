@@ -98,7 +98,7 @@ class BoundaryCollator:
 # --------------------------------------------------------------------- head model and trainer
 
 
-MASS_WEIGHT = 0.1  # weight of -log(P(yes) + P(no)) at the boundaries
+MASS_WEIGHT = 1.0  # weight of -log(P(yes) + P(no)) at the boundaries: vLLM reports top-k only
 
 
 def boundary_logprobs(model: Any, batch: dict[str, Any], candidates: tuple[int, int]) -> tuple[Any, Any]:
