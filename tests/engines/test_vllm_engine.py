@@ -142,6 +142,10 @@ def test_prompt_scores_match_transformers_and_a_head_verdict_decodes_nothing(vll
             assert served.usage.completion_tokens == 0 and served.usage.prompt_tokens == len(ids)
             assert served.logprobs[0][0] == pytest.approx(exact.logprobs[0][0], abs=0.3)  # bf16 vs float32
 
+    several = [ScoreRequest(ids, [len(ids) - 3], [ids[-2]], ADAPTER), ScoreRequest(ids[:-1], [len(ids) - 4], [ids[-3]], None),
+               ScoreRequest(ids, [len(ids) - 2], [ids[-1]], ADAPTER)]  # LoRA prompt_logprobs, several at once
+    assert [len(s.logprobs) for s in vllm_engine.score(several)] == [1, 1, 1]
+
     head = tmp_path / "head"
     shutil.copytree(smollm2_lora, head)
     HeadSpec(threshold=0.5, base_model="smollm2").save(head)
