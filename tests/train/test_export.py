@@ -93,10 +93,11 @@ def test_cli_export_passes_the_smoke_gate_in_vllm(tmp_path, mined, smollm2_dir, 
     from tests.conftest import KV_CACHE_GIB, need_vllm
 
     need_vllm()
-    source = run_dir(tmp_path, "train", smollm2_lora, mined / "verdict", smollm2_dir, head=True)
+    source = run_dir(tmp_path, "train", smollm2_lora, mined / "drafter", smollm2_dir)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB}
     done = subprocess.run([sys.executable, "-m", "specagent", "export", str(source), "-o", str(tmp_path / "export"),
                            "--max-model-len", "4096"], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     smoke = json.loads((tmp_path / "export" / "export.json").read_text())["smoke"]
-    assert smoke["backend"] == "vllm" and smoke["decoded_tokens"] == 0 and smoke["max_logprob_change"] > 1e-3
+    assert smoke["backend"] == "vllm" and smoke["round"] == "draft" and smoke["max_logprob_change"] > 1e-3
+    # (a verdict head through vLLM, 0 decoded tokens: tests/engines/test_vllm_engine.py)
