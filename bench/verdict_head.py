@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--dataset", help="verdict dataset (default: the one the head was trained on)")
     parser.add_argument("--backends", nargs="+", default=["transformers", "vllm"], choices=["transformers", "vllm"])
     parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--limit", type=int, help="the first N validation verify prompts (default: all)")
     parser.add_argument("--out", default="runs/bench/verdict_head.json")
     args = parser.parse_args()
 
@@ -72,7 +73,7 @@ def main() -> None:
         raise SystemExit("cannot find the head's training config; pass --dataset")
     dataset = args.dataset or trained["dataset"]
     rows = [r for r in load_from_disk(dataset)["validation"]]
-    rows = [r for r in rows if len(r["labels"])]
+    rows = [r for r in rows if len(r["labels"])][: args.limit]
     base = materialize(spec.base_model or trained.get("model", "smollm2"), trained.get("gguf_file"))
     labels = [list(r["labels"]) for r in rows]
 
