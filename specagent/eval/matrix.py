@@ -6,7 +6,6 @@ registered on it, so arms differ only by the adapter names and verifier they use
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from specagent.config import EvalConfig
@@ -14,26 +13,12 @@ from specagent.engines import EnginePool
 from specagent.eval.arms import arm_run_config, expand_arms, with_shared_adapters
 from specagent.eval.episodes import run_tasks
 from specagent.eval.report import write_report
-from specagent.serve.runtime import (
-    build_env,
-    build_models,
-    needed_roles,
-    protocol_config,
-    scripted_policy,
-    select_tasks,
-    write_run_info,
-)
+from specagent.serve.runtime import build_env, build_models, needed_roles, open_run, protocol_config, scripted_policy
 
 
 def eval_from_config(cfg: EvalConfig) -> dict[str, Any]:
     """Run every arm's missing episodes, then write the report. Returns the report."""
-    env = build_env(cfg.env)
-    tasks = select_tasks(env, cfg.env)
-    out_dir = Path(cfg.output_dir)
-    write_run_info(out_dir, cfg)
-    episodes = out_dir / "episodes.jsonl"
-    if not cfg.resume and episodes.exists():
-        episodes.unlink()
+    env, tasks, out_dir, episodes = open_run(cfg)
     shared = with_shared_adapters(cfg)
     runs = expand_arms(shared.arms)
     roles = {role: getattr(shared, role) for run in runs for role in needed_roles(run.arm.mode)}

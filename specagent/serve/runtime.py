@@ -149,8 +149,9 @@ def write_run_info(out_dir: Path, cfg: Any) -> None:
     (out_dir / "versions.json").write_text(json.dumps(versions(), indent=2))
 
 
-def run_from_config(cfg: RunConfig) -> dict[str, Any]:
-    """`specagent run`: episodes, transcript, summary.json. Returns the summary."""
+def open_run(cfg: Any) -> tuple[Environment, list[str], Path, Path]:
+    """What `run` and `eval` start from: the environment, its selected tasks, the output dir
+    (config and versions written) and its episodes file (emptied unless resuming)."""
     env = build_env(cfg.env)
     tasks = select_tasks(env, cfg.env)
     out_dir = Path(cfg.output_dir)
@@ -158,6 +159,12 @@ def run_from_config(cfg: RunConfig) -> dict[str, Any]:
     episodes = out_dir / "episodes.jsonl"
     if not cfg.resume and episodes.exists():
         episodes.unlink()
+    return env, tasks, out_dir, episodes
+
+
+def run_from_config(cfg: RunConfig) -> dict[str, Any]:
+    """`specagent run`: episodes, transcript, summary.json. Returns the summary."""
+    env, tasks, out_dir, episodes = open_run(cfg)
     pool = EnginePool()
     try:
         models = build_models(cfg, env, pool, (cfg.mode,), batch=cfg.concurrency > 1)
