@@ -38,6 +38,9 @@ ADAPTER_NAME = "exported"
 CHANGED = 1e-3  # max |Δ log-prob| below which an adapter "changes nothing"
 MERGED_TOLERANCE = 0.3  # mean |Δ log-prob| merged vs base + adapter (bf16 engines differ by ~0.1)
 
+# what a Trainer checkpoint holds beside the adapter (not part of an export)
+TRAINER_STATE = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "trainer_state.json", "training_args.bin")
+
 EngineFactory = Callable[[str, dict[str, str], int], Any]
 
 
@@ -64,20 +67,29 @@ def transformers_factory(model: str, adapters: dict[str, str], max_model_len: in
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
-    """What a training output holds: its config, metrics, versions, and the adapter's kind."""
-    adapter = run_dir / "adapter"
+    """What a training output holds: its config, metrics, versions, and the adapter's kind.
+
+    `run_dir` is a training output (its final `adapter/`) or one of its `checkpoint-N`
+    dirs (that step's adapter; config and versions from the output above it)."""
+    adapter, checkpoint = run_dir / "adapter", (run_dir / "trainer_state.json").is_file()
+    if checkpoint:
+        adapter, run_dir = run_dir, run_dir.parent
     if not (adapter / "adapter_config.json").is_file():
         raise ConfigError(f"{run_dir}: no trained adapter (expected {adapter}/adapter_config.json from "
-                          "`specagent train drafter|verdict`)")
+                          "`specagent train drafter|verdict`, or a checkpoint-N dir)")
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
     kind = "drafter"
     if (adapter / HEAD_FILE).is_file():
         kind = "verdict-" + json.loads((adapter / HEAD_FILE).read_text()).get("kind", "head")
-    def load(name: str) -> dict[str, Any]:
-        path = run_dir / name
+    def load(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text()) if path.is_file() else {}
-    return {"kind": kind, "adapter": adapter, "config": config, "metrics": load("metrics.json"),
-            "versions": load("versions.json"), "lora": json.loads((adapter / "adapter_config.json").read_text())}
+    metrics = load(run_dir / "metrics.json")
+    if checkpoint:
+        state = load(adapter / "trainer_state.json")
+        metrics = {"checkpoint": adapter.name, "global_step": state.get("global_step"),
+                   "log_history": state.get("log_history", [])[-3:]}
+    return {"kind": kind, "adapter": adapter, "config": config, "metrics": metrics,
+            "versions": load(run_dir / "versions.json"), "lora": json.loads((adapter / "adapter_config.json").read_text())}
 
 
 def sample_row(dataset: str | None) -> dict[str, Any]:
@@ -184,7 +196,7 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
     base_dir = materialize(base_model, gguf)
     work = out.with_name(out.name + ".partial")
     shutil.rmtree(work, ignore_errors=True)
-    shutil.copytree(run["adapter"], work / "adapter")
+    shutil.copytree(run["adapter"], work / "adapter", ignore=shutil.ignore_patterns(*TRAINER_STATE))
     if merge_model:
         print("merging the adapter into the base weights ...")
         merge(base_dir, work / "adapter", work / "merged")

@@ -79,6 +79,19 @@ def test_a_missing_adapter_is_a_clear_error(tmp_path):
         export(tmp_path, tmp_path / "export")
 
 
+def test_a_checkpoint_exports_its_own_adapter_without_trainer_state(tmp_path, mined, smollm2_dir, smollm2_lora):
+    source = run_dir(tmp_path, "train", smollm2_lora, mined / "drafter", smollm2_dir)
+    checkpoint = source / "checkpoint-2"
+    shutil.copytree(source / "adapter", checkpoint)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2, "log_history": [{"loss": 1.0}]}))
+    (checkpoint / "optimizer.pt").write_bytes(b"state")
+    manifest = export(checkpoint, tmp_path / "export", factory=transformers_factory, backend="transformers")
+    assert manifest["metrics"]["checkpoint"] == "checkpoint-2" and manifest["metrics"]["global_step"] == 2
+    adapter = tmp_path / "export" / "adapter"
+    assert (adapter / "adapter_config.json").is_file()
+    assert not (adapter / "optimizer.pt").exists() and not (adapter / "trainer_state.json").exists()
+
+
 def test_head_export_scores_steps_without_decoding(tmp_path, mined, smollm2_dir, smollm2_lora):
     source = run_dir(tmp_path, "train", smollm2_lora, mined / "verdict", smollm2_dir, head=True)
     smoke = export(source, tmp_path / "export", factory=transformers_factory, backend="transformers")["smoke"]
