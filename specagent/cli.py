@@ -142,7 +142,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _add_export_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", help="a `specagent train drafter|verdict` output dir (has adapter/)")
+    parser.add_argument("run_dir", help="a `specagent train drafter|verdict` output dir (has adapter/), "
+                                        "or one of its checkpoint-N dirs")
     parser.add_argument("--out", "-o", required=True, help="export dir to write (replaced only if the gate passes)")
     parser.add_argument("--merge", action="store_true", help="also write merged/: base + adapter as one checkpoint")
     parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm",

@@ -1,0 +1,51 @@
+"""`specagent quickstart`: stages run as real `specagent` processes, in order; a stage whose
+output exists is skipped (so a rerun resumes); a failing stage stops the pipeline with a
+message naming it; `--fresh` removes every stage's output first. Scripted models only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specagent.core.errors import SpecAgentError
+from specagent.quickstart import run_pipeline
+
+
+def write_pipeline(tmp_path: Path, eval_env: dict) -> Path:
+    (tmp_path / "collect.yaml").write_text(yaml.safe_dump({
+        "env": {"name": "store", "limit": 2}, "strong": {"backend": "scripted", "script": "expert"},
+        "output": str(tmp_path / "demos.jsonl")}))
+    (tmp_path / "eval.yaml").write_text(yaml.safe_dump({
+        "env": eval_env, "strong": {"backend": "scripted", "script": "expert"},
+        "weak": {"backend": "scripted", "script": "expert"},
+        "arms": [{"name": "strong", "mode": "strong"}, {"name": "weak", "mode": "weak"}],
+        "output_dir": str(tmp_path / "eval")}))
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(yaml.safe_dump({"stages": [{"command": "collect", "config": "collect.yaml"},
+                                                   {"command": "eval", "config": "eval.yaml"}]}))
+    return pipeline
+
+
+def test_stages_run_in_order_then_a_rerun_skips_them_and_fresh_starts_over(tmp_path):
+    pipeline = write_pipeline(tmp_path, {"name": "store", "limit": 2})
+    first = run_pipeline(pipeline, out=tmp_path)
+    assert [s["skipped"] for s in first["stages"]] == [False, False]
+    assert len((tmp_path / "demos.jsonl").read_text().splitlines()) == 2
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert set(report["arms"]) == {"strong", "weak"}
+    assert json.loads((tmp_path / "timings.json").read_text())["stages"][0]["stage"].startswith("collect")
+
+    assert [s["skipped"] for s in run_pipeline(pipeline, out=tmp_path)["stages"]] == [True, True]
+    (tmp_path / "demos.jsonl").write_text("")  # --fresh must remove it, and rebuild it
+    assert [s["skipped"] for s in run_pipeline(pipeline, fresh=True, out=tmp_path)["stages"]] == [False, False]
+    assert len((tmp_path / "demos.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_failing_stage_stops_the_pipeline_and_names_itself(tmp_path):
+    pipeline = write_pipeline(tmp_path, {"name": "store", "task_ids": ["no_such_task"]})
+    with pytest.raises(SpecAgentError, match=r"stage 2 \(eval"):
+        run_pipeline(pipeline, out=tmp_path)
+    assert (tmp_path / "demos.jsonl").is_file() and not (tmp_path / "eval" / "report.md").exists()
