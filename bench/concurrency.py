@@ -2,8 +2,10 @@
 1, 4 and 16, each engine behind a BatchingEngine, so drafts, verdicts and repairs of
 different episodes share engine calls.
 
-    python bench/concurrency.py [--config configs/run/store_smollm2_vllm.yaml] [--tasks 16]
-                                [--levels 1 4 16] [--scripted-latency 0.05] [key.sub=value ...]
+    python bench/concurrency.py [key.sub=value ...] [--config configs/run/store_smollm2_vllm.yaml]
+                                [--tasks 16] [--levels 1 4 16] [--scripted-latency 0.05]
+
+(overrides first: `--levels` takes every number after it)
 
 Each level starts fresh engines (a prefix cache warmed by the level before would flatter
 the next one) and prints a row: episodes/min, mean engine batch size (requests per engine
