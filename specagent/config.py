@@ -233,7 +233,7 @@ class MineConfig(Strict):
     trajectories: str  # a trajectories.jsonl (from `specagent collect` or `specagent import`)
     output_dir: str = "runs/mined"
     drafter: EngineConfig = Field(default_factory=EngineConfig)
-    drafter_adapter: Optional[str] = None
+    drafter_adapter: Optional[str] = None  # a path (training output, export), or an adapter name of the drafter
     env: Literal["replay", "store", "airline"] = "replay"  # replay the log, or a live environment
     env_tasks_path: Optional[str] = None  # task file of the live environment (airline: the tau-bench runs file)
     env_data_dir: Optional[str] = None  # env: airline: the tau-bench airline data dir

@@ -6,14 +6,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specagent.config import CollectConfig, MineConfig, dump_config
+from specagent.config import CollectConfig, EngineConfig, MineConfig, dump_config
 from specagent.core.classify import classify_tools
 from specagent.core.types import Message, Trajectory
 from specagent.data.datasets import finalize
 from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, replay_jobs, restore
 from specagent.data.trajectories import read_trajectories, write_trajectories
 from specagent.engines import EnginePool
-from specagent.serve.runtime import build_env, protocol_config, scripted_policy, select_tasks, versions
+from specagent.serve.runtime import adapter_dir, build_env, protocol_config, scripted_policy, select_tasks, versions
 
 
 def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None = None) -> dict[str, Any] | None:
@@ -38,10 +38,19 @@ def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None 
     return stats
 
 
+def drafter_engine(cfg: MineConfig) -> tuple[EngineConfig, str | None]:
+    """The drafter's engine config and the adapter name drafts use: a `drafter_adapter` given
+    by path (training output, export) is registered on the engine as `drafter`."""
+    if path := adapter_dir(cfg.drafter_adapter):
+        return cfg.drafter.model_copy(update={"adapters": {**cfg.drafter.adapters, "drafter": path}}), "drafter"
+    return cfg.drafter, cfg.drafter_adapter
+
+
 def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard: Shard) -> None:
+    drafter, adapter = drafter_engine(cfg)
     settings = MineSettings(
         labelers=tuple(cfg.labelers), window=cfg.window, max_draft_steps=cfg.max_draft_steps,
-        max_tokens=cfg.max_tokens, drafter_adapter=cfg.drafter_adapter, max_cuts=cfg.max_cuts_per_trajectory,
+        max_tokens=cfg.max_tokens, drafter_adapter=adapter, max_cuts=cfg.max_cuts_per_trajectory,
         rollout_steps=cfg.rollout_steps, reference_segments=cfg.reference_segments,
         batch_trajectories=cfg.batch_trajectories,
         read_only=tuple(cfg.read_only), write=tuple(cfg.write),
@@ -70,7 +79,7 @@ def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard
 
     pool = EnginePool()
     try:
-        roles = {"drafter": cfg.drafter} | ({"strong": cfg.strong} if cfg.strong else {})
+        roles = {"drafter": drafter} | ({"strong": cfg.strong} if cfg.strong else {})
         policy = None if env_cfg is None else scripted_policy(build_env(env_cfg), roles.values())
         engines = pool.for_roles(roles, policy)
         mine_shard(trajectories, engines["drafter"], jobs_for, settings, work_dir, shard, engines.get("strong"),

@@ -280,3 +280,16 @@ def test_rollout_labeler_scores_drafted_prefixes_by_the_environment_reward(store
     assert labels == [1] and rewards == [1.0, 1.0]
     labels, rewards = rollout_labels(restore_env, traj.task_id, traj.messages[:cut], [wrong], expert)
     assert labels == [0] and rewards[0] == 1.0 and rewards[1] == 0.0
+
+
+def test_a_drafter_adapter_given_by_path_is_registered_on_the_drafter_engine(tmp_path):
+    from specagent.config import MineConfig
+    from specagent.data.stage import drafter_engine
+
+    (tmp_path / "run" / "adapter").mkdir(parents=True)
+    (tmp_path / "run" / "adapter" / "adapter_config.json").write_text("{}")
+    cfg = MineConfig(trajectories="t.jsonl", drafter_adapter=str(tmp_path / "run"))
+    engine, name = drafter_engine(cfg)
+    assert name == "drafter" and engine.adapters == {"drafter": str(tmp_path / "run" / "adapter")}
+    named = MineConfig(trajectories="t.jsonl", drafter={"adapters": {"mine": "x"}}, drafter_adapter="mine")
+    assert drafter_engine(named) == (named.drafter, "mine")
