@@ -89,7 +89,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         metrics = {"checkpoint": adapter.name, "global_step": state.get("global_step"),
                    "log_history": state.get("log_history", [])[-3:]}
     return {"kind": kind, "adapter": adapter, "config": config, "metrics": metrics,
-            "versions": load(run_dir / "versions.json"), "lora": json.loads((adapter / "adapter_config.json").read_text())}
+            "versions": load(run_dir / "versions.json"), "lora": load(adapter / "adapter_config.json")}
 
 
 def sample_row(dataset: str | None) -> dict[str, Any]:

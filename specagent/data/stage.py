@@ -13,7 +13,9 @@ from specagent.data.datasets import finalize
 from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, replay_jobs, restore
 from specagent.data.trajectories import read_trajectories, write_trajectories
 from specagent.engines import EnginePool
-from specagent.serve.runtime import adapter_dir, build_env, protocol_config, scripted_policy, select_tasks, versions
+from specagent.serve.runtime import (
+    adapter_dir, build_env, protocol_config, scripted_policy, select_tasks, versions, with_adapter,
+)
 
 
 def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None = None) -> dict[str, Any] | None:
@@ -42,7 +44,7 @@ def drafter_engine(cfg: MineConfig) -> tuple[EngineConfig, str | None]:
     """The drafter's engine config and the adapter name drafts use: a `drafter_adapter` given
     by path (training output, export) is registered on the engine as `drafter`."""
     if path := adapter_dir(cfg.drafter_adapter):
-        return cfg.drafter.model_copy(update={"adapters": {**cfg.drafter.adapters, "drafter": path}}), "drafter"
+        return with_adapter(cfg.drafter, "drafter", path), "drafter"
     return cfg.drafter, cfg.drafter_adapter
 
 

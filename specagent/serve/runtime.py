@@ -91,7 +91,8 @@ def adapter_dir(path: str | None) -> str | None:
     return None
 
 
-def _with_adapter(cfg: Any, name: str, path: str) -> Any:
+def with_adapter(cfg: Any, name: str, path: str) -> Any:
+    """An engine config with the peft dir `path` registered under `name`."""
     return cfg.model_copy(update={"adapters": {**cfg.adapters, name: path}})
 
 
@@ -105,13 +106,13 @@ def build_models(
     configs = {r: getattr(cfg, r) for r in roles}
     weak_adapter, verdict_adapter, head = cfg.drafter_adapter, cfg.verifier.adapter, None
     if "weak" in configs and (path := adapter_dir(weak_adapter)):
-        configs["weak"], weak_adapter = _with_adapter(configs["weak"], "drafter", path), "drafter"
+        configs["weak"], weak_adapter = with_adapter(configs["weak"], "drafter", path), "drafter"
     wants_verifier = "strong" in configs and "specagent" in modes
     if wants_verifier and cfg.verifier.kind == "head":
         head = head_adapter_dir(cfg.verifier.head)
-        configs["strong"] = _with_adapter(configs["strong"], "verdict-head", str(head))
+        configs["strong"] = with_adapter(configs["strong"], "verdict-head", str(head))
     elif wants_verifier and (path := adapter_dir(verdict_adapter)):
-        configs["strong"], verdict_adapter = _with_adapter(configs["strong"], "verdict", path), "verdict"
+        configs["strong"], verdict_adapter = with_adapter(configs["strong"], "verdict", path), "verdict"
     policy = scripted_policy(env, list(configs.values()))
     engines = pool.for_roles(configs, scripted_policy=policy)
     if batch:
