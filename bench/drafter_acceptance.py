@@ -6,8 +6,8 @@ the same `match` labeler with the metric definitions of DESIGN §3 (`segment_sta
 acceptance = accepted drafted steps / drafted steps. One engine serves both (the adapter
 by LoRA per request), so nothing differs but the weights.
 
-    python bench/drafter_acceptance.py --mined runs/airline/mined \
-        --adapter runs/airline/train/drafter-smollm2 [--cuts 6] [--limit 5] [--backend vllm]
+    python bench/drafter_acceptance.py --mined runs/airline/mined-all --limit 5 \
+        --adapter runs/airline/train/drafter-smollm2 [--cuts 6] [--backend vllm]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def build_engine(backend: str, mine: MineConfig, adapter: str):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mined", default="runs/airline/mined", help="a `specagent mine` output dir")
+    parser.add_argument("--mined", default="runs/airline/mined-all", help="a `specagent mine` output dir")
     parser.add_argument("--adapter", default="runs/airline/train/drafter-smollm2",
                         help="the trained drafter (training output, export, or adapter dir)")
     parser.add_argument("--cuts", type=int, default=6, help="cut points per validation trajectory")
