@@ -53,6 +53,7 @@ def draft_batch(
     contexts = [list(job.context) for job in jobs]
     steps: list[list[DraftedStep]] = [[] for _ in jobs]
     ended = ["max_steps"] * len(jobs)
+    unrecorded: list[tuple[str, ...]] = [()] * len(jobs)
     active = [i for i, job in enumerate(jobs) if job.budget > 0]
     while active:
         requests = [ChatRequest(contexts[i], tools, max_tokens, adapter) for i in active]
@@ -67,6 +68,7 @@ def draft_batch(
             if step.kind is StepKind.READ:
                 if not all(jobs[i].can_execute(call) for call in message.tool_calls):
                     ended[i] = "unrecorded"
+                    unrecorded[i] = tuple(call.name for call in message.tool_calls)
                     continue
                 observations = tuple(jobs[i].execute(call) for call in message.tool_calls)
                 step = replace(step, observations=observations)
@@ -77,7 +79,7 @@ def draft_batch(
             elif len(steps[i]) < jobs[i].budget:
                 still.append(i)
         active = still
-    return [Segment(len(job.context), tuple(s), e) for job, s, e in zip(jobs, steps, ended)]
+    return [Segment(len(job.context), tuple(s), e, u) for job, s, e, u in zip(jobs, steps, ended, unrecorded)]
 
 
 def _chat_or_overflow(engine: ChatEngine, requests: list[ChatRequest], single: bool) -> list[Completion | None]:

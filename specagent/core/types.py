@@ -158,6 +158,9 @@ class Segment:
     context_len: int
     steps: tuple[DraftedStep, ...]
     ended_by: str = ""  # held | malformed | max_steps | unrecorded
+    # replay mining: the tools of the drafted lookup that could not run (the log never made
+    # it); it is not in `steps` (it has no observation) but counts as a drafted, rejected step
+    unrecorded: tuple[str, ...] = ()
 
     @property
     def verifiable(self) -> tuple[DraftedStep, ...]:

@@ -152,13 +152,21 @@ def to_dataset_dict(rows: dict[str, list[dict]], json_columns: Sequence[str]):
 
 
 def segment_stats(segments: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Mining figures with the metric definitions of DESIGN §3 (labels = accepted)."""
+    """Mining figures with the metric definitions of DESIGN §3 (labels = accepted).
+
+    A draft that ended at an unrecorded lookup (replay) drafted that lookup too: it counts
+    as a drafted step that is not accepted (the strong run never made the call there), at
+    the next position and under its tool."""
     drafted = accepted = 0
     by_position: dict[int, Counter] = defaultdict(Counter)
     by_tool: dict[str, Counter] = defaultdict(Counter)
     ended = Counter(s["ended_by"] for s in segments)
     for seg in segments:
-        for pos, (step, label) in enumerate(zip(seg["steps"], seg["labels"]), 1):
+        scored = [(step, label) for step, label in zip(seg["steps"], seg["labels"])]
+        if seg["ended_by"] == "unrecorded":
+            names = seg.get("unrecorded") or ["unrecorded"]  # shards mined before the field: no names
+            scored.append(({"message": {"tool_calls": [{"function": {"name": n}} for n in names]}}, 0))
+        for pos, (step, label) in enumerate(scored, 1):
             drafted += 1
             accepted += label
             by_position[pos].update(drafted=1, accepted=label)
@@ -255,7 +263,8 @@ def dataset_card(stats: dict[str, Any]) -> str:
     lines += ["", f"Label balance (all): {a['label_balance']['valid']} valid / {a['label_balance']['invalid']} invalid.", "",
               "## How drafts ended", "", "| ended by | segments |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in a["ended_by"].items()]
-    lines += ["", "`unrecorded`: the drafter made a read-only call the log never recorded (replay mode); the draft ends there.",
+    lines += ["", "`unrecorded`: the drafter made a read-only call the log never recorded (replay mode); the draft ends "
+              "there, and that call counts as a drafted step that is not accepted.",
               "", "## Acceptance by step position", "", "| position | drafted | accepted | rate |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['drafted']} | {v['accepted']} | {_pct(v['rate'])} |" for k, v in a["by_position"].items()]
     lines += ["", "## Acceptance by tool (or step kind)", "", "| tool | drafted | accepted | rate |", "|---|---|---|---|"]

@@ -294,6 +294,7 @@ def segment_record(traj: Trajectory, cut: int, seg: Segment, reference: list[Mes
         "cut": cut,
         "steps": [step_json(s) for s in seg.steps],
         "ended_by": seg.ended_by,
+        "unrecorded": list(seg.unrecorded),
         "labels": labels[primary],
         "label_source": primary,
         "all_labels": labels,

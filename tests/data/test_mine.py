@@ -11,7 +11,7 @@ from specagent.core.classify import classify_tools
 from specagent.core.errors import EngineUnavailable
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import DraftedStep, Message, StepKind, ToolCall, Trajectory
-from specagent.data.datasets import finalize
+from specagent.data.datasets import finalize, segment_stats
 from specagent.data.labelers import match_labels, overlap_judge, prefix_closed
 from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, replay_jobs
 from specagent.engines.scripted import ScriptedEngine
@@ -164,8 +164,29 @@ def test_replay_mining_ends_drafts_at_unrecorded_calls(store_trajectories, tmp_p
     path, _ = mine_shard(store_trajectories, drafter, lambda t, c: replay_jobs(replay, t, c, 4), settings, tmp_path)
     import json
 
-    ended = [s["ended_by"] for line in path.read_text().splitlines() for s in json.loads(line)["segments"]]
-    assert "unrecorded" in ended  # the wrong lookup W0000 was never recorded
+    segments = [s for line in path.read_text().splitlines() for s in json.loads(line)["segments"]]
+    stopped = [s for s in segments if s["ended_by"] == "unrecorded"]
+    assert stopped  # the wrong lookup W0000 was never recorded
+    assert all(s["unrecorded"] for s in stopped) and not any(s["unrecorded"] for s in segments if s not in stopped)
+    # the lookup that could not run is a drafted step, never an accepted one
+    stats = segment_stats(segments)
+    assert stats["drafted_steps"] == sum(len(s["steps"]) for s in segments) + len(stopped)
+    assert stats["accepted_steps"] == sum(sum(s["labels"]) for s in segments)
+    names = {n for s in stopped for n in s["unrecorded"]}
+    assert all(stats["by_tool"][n]["drafted"] > stats["by_tool"][n]["accepted"] for n in names)
+
+
+def test_segment_stats_counts_an_unrecorded_lookup_as_drafted_and_rejected():
+    lookup = {"kind": "read", "message": {"role": "assistant", "tool_calls": [{"function": {"name": "get_user"}}]}}
+    done = {"ended_by": "held", "steps": [lookup, {"kind": "reply", "message": {"role": "assistant"}}], "labels": [1, 1]}
+    cut = {"ended_by": "unrecorded", "steps": [lookup], "labels": [1], "unrecorded": ["search"]}
+    old = {"ended_by": "unrecorded", "steps": [], "labels": []}  # a shard mined before the field existed
+    stats = segment_stats([done, cut, old])
+    assert (stats["drafted_steps"], stats["accepted_steps"]) == (5, 3)
+    assert stats["acceptance_rate"] == 3 / 5 and stats["mean_accepted_prefix"] == 1.0
+    assert stats["by_position"]["2"] == {"drafted": 2, "accepted": 1, "rate": 0.5}
+    assert stats["by_tool"]["search"] == {"drafted": 1, "accepted": 0, "rate": 0.0}
+    assert stats["by_tool"]["unrecorded"]["drafted"] == 1
 
 
 def step(message, kind):
