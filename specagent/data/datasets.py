@@ -162,15 +162,14 @@ def segment_stats(segments: Sequence[dict[str, Any]]) -> dict[str, Any]:
     by_tool: dict[str, Counter] = defaultdict(Counter)
     ended = Counter(s["ended_by"] for s in segments)
     for seg in segments:
-        scored = [(step, label) for step, label in zip(seg["steps"], seg["labels"])]
-        if seg["ended_by"] == "unrecorded":
-            names = seg.get("unrecorded") or ["unrecorded"]  # shards mined before the field: no names
-            scored.append(({"message": {"tool_calls": [{"function": {"name": n}} for n in names]}}, 0))
-        for pos, (step, label) in enumerate(scored, 1):
+        scored = [([c["function"]["name"] for c in step["message"].get("tool_calls") or []] or [step["kind"]], label)
+                  for step, label in zip(seg["steps"], seg["labels"])]
+        if seg["ended_by"] == "unrecorded":  # shards mined before the field carry no names
+            scored.append((seg.get("unrecorded") or ["unrecorded"], 0))
+        for pos, (names, label) in enumerate(scored, 1):
             drafted += 1
             accepted += label
             by_position[pos].update(drafted=1, accepted=label)
-            names = [c["function"]["name"] for c in step["message"].get("tool_calls") or []] or [step["kind"]]
             for name in names:
                 by_tool[name].update(drafted=1, accepted=label)
 

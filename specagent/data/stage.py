@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specagent.config import CollectConfig, EngineConfig, MineConfig, dump_config
+from specagent.config import CollectConfig, MineConfig, dump_config
 from specagent.core.classify import classify_tools
 from specagent.core.types import Message, Trajectory
 from specagent.data.datasets import finalize
@@ -14,7 +14,7 @@ from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, repl
 from specagent.data.trajectories import read_trajectories, write_trajectories
 from specagent.engines import EnginePool
 from specagent.serve.runtime import (
-    adapter_dir, build_env, protocol_config, scripted_policy, select_tasks, versions, with_adapter,
+    build_env, protocol_config, resolve_adapter, scripted_policy, select_tasks, versions,
 )
 
 
@@ -40,16 +40,8 @@ def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None 
     return stats
 
 
-def drafter_engine(cfg: MineConfig) -> tuple[EngineConfig, str | None]:
-    """The drafter's engine config and the adapter name drafts use: a `drafter_adapter` given
-    by path (training output, export) is registered on the engine as `drafter`."""
-    if path := adapter_dir(cfg.drafter_adapter):
-        return with_adapter(cfg.drafter, "drafter", path), "drafter"
-    return cfg.drafter, cfg.drafter_adapter
-
-
 def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard: Shard) -> None:
-    drafter, adapter = drafter_engine(cfg)
+    drafter, adapter = resolve_adapter(cfg.drafter, cfg.drafter_adapter, "drafter")
     settings = MineSettings(
         labelers=tuple(cfg.labelers), window=cfg.window, max_draft_steps=cfg.max_draft_steps,
         max_tokens=cfg.max_tokens, drafter_adapter=adapter, max_cuts=cfg.max_cuts_per_trajectory,

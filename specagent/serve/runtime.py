@@ -96,6 +96,15 @@ def with_adapter(cfg: Any, name: str, path: str) -> Any:
     return cfg.model_copy(update={"adapters": {**cfg.adapters, name: path}})
 
 
+def resolve_adapter(cfg: Any, ref: str | None, name: str) -> tuple[Any, str | None]:
+    """(engine config, the adapter name requests use) for an adapter reference: a path
+    (training output, export, adapter dir) is registered on the engine as `name`; anything
+    else is already an adapter name of the engine (or None)."""
+    if path := adapter_dir(ref):
+        return with_adapter(cfg, name, path), name
+    return cfg, ref
+
+
 def build_models(
     cfg: RunConfig, env: Environment, pool: EnginePool, modes: tuple[str, ...], batch: bool = False
 ) -> Models:
@@ -105,14 +114,14 @@ def build_models(
     roles = sorted({role for mode in modes for role in needed_roles(mode)})
     configs = {r: getattr(cfg, r) for r in roles}
     weak_adapter, verdict_adapter, head = cfg.drafter_adapter, cfg.verifier.adapter, None
-    if "weak" in configs and (path := adapter_dir(weak_adapter)):
-        configs["weak"], weak_adapter = with_adapter(configs["weak"], "drafter", path), "drafter"
+    if "weak" in configs:
+        configs["weak"], weak_adapter = resolve_adapter(configs["weak"], weak_adapter, "drafter")
     wants_verifier = "strong" in configs and "specagent" in modes
     if wants_verifier and cfg.verifier.kind == "head":
         head = head_adapter_dir(cfg.verifier.head)
         configs["strong"] = with_adapter(configs["strong"], "verdict-head", str(head))
-    elif wants_verifier and (path := adapter_dir(verdict_adapter)):
-        configs["strong"], verdict_adapter = with_adapter(configs["strong"], "verdict", path), "verdict"
+    elif wants_verifier:
+        configs["strong"], verdict_adapter = resolve_adapter(configs["strong"], verdict_adapter, "verdict")
     policy = scripted_policy(env, list(configs.values()))
     engines = pool.for_roles(configs, scripted_policy=policy)
     if batch:

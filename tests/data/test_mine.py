@@ -305,7 +305,10 @@ def test_rollout_labeler_scores_drafted_prefixes_by_the_environment_reward(store
 
 def test_a_drafter_adapter_given_by_path_is_registered_on_the_drafter_engine(tmp_path):
     from specagent.config import MineConfig
-    from specagent.data.stage import drafter_engine
+    from specagent.serve.runtime import resolve_adapter
+
+    def drafter_engine(cfg):  # what `specagent mine` does with its drafter
+        return resolve_adapter(cfg.drafter, cfg.drafter_adapter, "drafter")
 
     (tmp_path / "run" / "adapter").mkdir(parents=True)
     (tmp_path / "run" / "adapter" / "adapter_config.json").write_text("{}")
