@@ -2,40 +2,48 @@
 
 Drafts must be grounded (DESIGN §6): a drafted read-only call is executed for real or
 found in a recorded log, never guessed. This environment is the recorded log. Each
-episode is one recorded trajectory (``reset(trajectory_id)``), and a call's result is the
-observation that trajectory recorded for the *same canonical call* (``canonical_call``:
-argument order, ``1`` vs ``1.0`` and surrounding whitespace in strings do not matter).
+episode is one recorded trajectory (``reset(trajectory_id)``), and a call's result is an
+observation recorded for the *same canonical call* (``canonical_call``: argument order,
+``1`` vs ``1.0`` and surrounding whitespace in strings do not matter) *in the same state*.
 
-Where the run's state changes, the same call can return different results (a reservation
-read before and after it was changed). Observations are therefore kept per *write
-epoch*: the number of state-changing calls that came before the call in the recording.
-A call changes state when its tool is not classified read-only (unknown means write) and
-its result does not start with ``"Error"`` (tau-bench and tau2 report a refused call that
-way, and a refused call changes nothing). The environment's own epoch starts at 0 on
-``reset``, advances when a recorded state-changing call is executed, and is placed at any
-point of the recording with ``seek(n_messages)``: miners call ``reset(id)`` then
-``seek(len(context))`` at each cut point. A call is answered, in this order:
+The state. Every run of a task starts from the same initial database, and the database
+after a prefix of a run is determined by the state-changing calls that succeeded so far.
+So the state is keyed by ``(task id, the canonical state-changing calls that succeeded
+before, in order)``. A call changes state when its tool is not classified read-only
+(unknown means write) and its result does not start with ``"Error"`` (tau-bench and tau2
+report a refused call that way, and a refused call changes nothing). The environment's
+own state starts empty on ``reset``, grows when a state-changing call is executed (and
+answered), and is placed at any point of the current recording with ``seek(n_messages)``
+(the run's successful state-changing calls among its first ``n_messages``): miners call
+``reset(id)`` then ``seek(len(context))`` at each cut point. ``epoch`` is the number of
+those calls.
 
-1. from this run, at the current epoch (exact: same run, same state);
-2. from this run, when the call was recorded at an earlier and a later epoch than the
-   current one with the same text (the writes in between did not affect it);
-3. at epoch 0, from the other runs of the same task at their epoch 0, when they agree
-   (every run of a task starts from the same state);
-4. from the other runs of the same task, when every recorded occurrence of the call, in
-   this run and the others, returned the same text, at least twice (a call whose result
-   never varied; one occurrence alone says nothing about other states).
+The rule. A call is answered only by an observation recorded at the current state key,
+in this run or in any other run of the same task (runs that made the same writes share
+their observations; at the start, every run of the task does):
+
+- when this run recorded the call at this state, its own (first) observation;
+- otherwise, when the other runs that recorded it at this state all agree, that text.
+
+Nothing else answers: an observation recorded before a write never answers a lookup made
+after it, nor one recorded after it a lookup before it, however often the call returned
+the same text elsewhere. (Checked against the live airline environment at every cut point
+of the shared GPT-4o runs, the earlier rules that allowed this answered 2,143 lookups from
+another state, 576 of them wrong; answers keyed by state: none wrong, ``test_replay_live``.)
+Runs that disagree at one state are counted in ``stats().state_conflicts``.
 
 Anything else is *unrecorded*: ``execute`` returns a text starting with
-``"Error: unrecorded call"``, and counts it in ``unrecorded`` / ``unrecorded_calls``.
-Miners should ask ``is_recorded(call)`` first and end a draft before an unrecorded
-read-only call, rather than feed the drafter an observation that never happened.
+``"Error: unrecorded call"``, changes nothing, and counts it in ``unrecorded`` /
+``unrecorded_calls``. Miners should ask ``is_recorded(call)`` first and end a draft before
+an unrecorded read-only call, rather than feed the drafter an observation that never
+happened.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -46,6 +54,8 @@ from specagent.core.types import Message, ToolCall, ToolSpec, Trajectory, union_
 
 UNRECORDED_PREFIX = "Error: unrecorded call"
 
+State = tuple[str, ...]  # the canonical state-changing calls that succeeded so far, in order
+
 
 def default_terminal(name: str) -> bool:
     """Calls that end the conversation: transfers to a human agent."""
@@ -54,13 +64,14 @@ def default_terminal(name: str) -> bool:
 
 @dataclass(frozen=True)
 class Recorded:
-    """One recorded call: where it was made, the write epoch it ran in, what it returned."""
+    """One recorded call: where it was made, the state it ran in, what it returned."""
 
     key: str
     message_index: int  # index of the assistant message holding the call
-    epoch: int
+    epoch: int  # len(state): the successful state-changing calls before it
     observation: str
-    writes: bool  # the call changes state (its tool is not read-only)
+    writes: bool  # the call changed state (its tool is not read-only, and it did not fail)
+    state: State = ()  # the successful state-changing calls before it, canonical, in order
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,7 @@ class ReplayStats:
     distinct_keys: int  # distinct (trajectory, canonical call)
     conflicting_keys: int  # ... of which returned different texts within the run
     same_epoch_conflicts: int  # ... of which differed without a write in between
+    state_conflicts: int = 0  # (task, state, call) that different runs recorded with different texts
 
 
 class ReplayEnv:
@@ -86,7 +98,7 @@ class ReplayEnv:
         terminal: Iterable[str] | Callable[[str], bool] | None = None,
         name: str = "replay",
     ) -> None:
-        """``read_only``/``write`` override the trajectories' own flags (for the write epochs);
+        """``read_only``/``write`` override the trajectories' own flags (for the state keys);
         ``terminal`` is a set of tool names, a predicate, or None for ``transfer_to_human*``."""
         if not trajectories:
             raise ValueError("ReplayEnv needs at least one trajectory")
@@ -97,15 +109,19 @@ class ReplayEnv:
                 raise ValueError(f"duplicate trajectory id {trajectory.id!r}")
             self._trajectories[trajectory.id] = trajectory
         self._tools = union_tools(trajectories)
-        self._read_only = classify_tools(self._tools, read_only, write)
         self._terminal = _terminal_predicate(terminal)
+        ends = [tool.name for tool in self._tools if self._terminal(tool.name)]
+        self._read_only = classify_tools(self._tools, read_only, write, terminal=ends)
         self._records = {t.id: self._record(t) for t in trajectories}
-        self._runs_of_task: dict[str, list[str]] = defaultdict(list)
+        # (task, state, call) -> [(run, observation)], in the order of the trajectories
+        self._at_state: dict[tuple[str, State, str], list[tuple[str, str]]] = defaultdict(list)
         for trajectory in trajectories:
-            self._runs_of_task[trajectory.task_id].append(trajectory.id)
+            for record in self._records[trajectory.id]:
+                self._at_state[(trajectory.task_id, record.state, record.key)].append(
+                    (trajectory.id, record.observation))
         self._lock = threading.Lock()
         self._current: Trajectory | None = None
-        self.epoch = 0
+        self.state: State = ()
         self.unrecorded = 0
         self.unrecorded_calls: list[str] = []
         self.replayed = 0
@@ -120,8 +136,9 @@ class ReplayEnv:
     # ------------------------------------------------------------ the Environment protocol
 
     def tool_specs(self) -> list[ToolSpec]:
-        """Every tool of the recordings (the first spec seen for each name)."""
-        return list(self._tools)
+        """Every tool of the recordings (the first spec seen for each name), classified: the
+        user's lists over the recordings' flags, write where runs disagree, terminal never read-only."""
+        return [replace(tool, read_only=self._read_only[tool.name]) for tool in self._tools]
 
     def task_ids(self) -> list[str]:
         """The trajectory ids: each recorded run is one episode."""
@@ -134,8 +151,13 @@ class ReplayEnv:
             raise KeyError(f"unknown trajectory {task_id!r}; see ReplayEnv.task_ids()")
         with self._lock:
             self._current = self._trajectories[task_id]
-            self.epoch = 0
+            self.state = ()
         return opening_messages(self._current)
+
+    @property
+    def epoch(self) -> int:
+        """The number of successful state-changing calls behind the current state."""
+        return len(self.state)
 
     def execute(self, call: ToolCall) -> str:
         """The recorded observation of an equivalent call, or an ``Error: unrecorded call`` text."""
@@ -147,11 +169,12 @@ class ReplayEnv:
                 self.unrecorded += 1
                 self.unrecorded_calls.append(key)
                 return (
-                    f"{UNRECORDED_PREFIX} {key}: run {trajectory.id!r} never made this call in this state,"
-                    " so its result is unknown"
+                    f"{UNRECORDED_PREFIX} {key}: no run of task {trajectory.task_id!r} made this call in this"
+                    " state, so its result is unknown"
                 )
             self.replayed += 1
-            self.epoch += self._changes_state(call.name, observation)
+            if self._changes_state(call.name, observation):
+                self.state = (*self.state, key)
             return observation
 
     def is_terminal(self, call: ToolCall) -> bool:
@@ -185,9 +208,9 @@ class ReplayEnv:
         if not 0 <= n_messages <= len(trajectory.messages):
             size = len(trajectory.messages)
             raise ValueError(f"seek({n_messages}) is outside run {trajectory.id!r} of {size} messages")
-        writes = sum(1 for r in self._records[trajectory.id] if r.writes and r.message_index < n_messages)
+        state = tuple(r.key for r in self._records[trajectory.id] if r.writes and r.message_index < n_messages)
         with self._lock:
-            self.epoch = writes
+            self.state = state
 
     def recorded_calls(self, trajectory_id: str) -> list[Recorded]:
         """Every recorded call of a run, in order."""
@@ -207,12 +230,17 @@ class ReplayEnv:
                     for r in group:
                         by_epoch[r.epoch].add(r.observation)
                     same_epoch += any(len(texts) > 1 for texts in by_epoch.values())
+        state_conflicts = sum(
+            len({run for run, _ in found}) > 1 and not _all_same(text for _, text in found)
+            for found in self._at_state.values()
+        )
         return ReplayStats(
             trajectories=len(self._trajectories),
             recorded_calls=sum(len(r) for r in self._records.values()),
             distinct_keys=keys,
             conflicting_keys=conflicting,
             same_epoch_conflicts=same_epoch,
+            state_conflicts=state_conflicts,
         )
 
     # ------------------------------------------------------------ internals
@@ -224,7 +252,7 @@ class ReplayEnv:
 
     def _record(self, trajectory: Trajectory) -> list[Recorded]:
         out: list[Recorded] = []
-        epoch = 0
+        state: State = ()
         for index, message in enumerate(trajectory.messages):
             if message.role != "assistant" or not message.tool_calls:
                 continue
@@ -232,34 +260,25 @@ class ReplayEnv:
             for call in message.tool_calls:
                 if call.id not in results:
                     continue  # an unanswered call (the importer refuses these; hand-made lists may not)
+                key = canonical_call(call.name, call.arguments)
                 writes = self._changes_state(call.name, results[call.id])
-                out.append(Recorded(canonical_call(call.name, call.arguments), index, epoch, results[call.id], writes))
-                epoch += writes
+                out.append(Recorded(key, index, len(state), results[call.id], writes, state))
+                if writes:
+                    state = (*state, key)
         return out
 
     def _changes_state(self, tool: str, observation: str) -> bool:
         return not self._read_only.get(tool, False) and not observation.startswith("Error")
 
     def _lookup(self, trajectory: Trajectory, key: str) -> str | None:
-        """The observation rules 1-4 of the module docstring give, or None."""
-        own = [r for r in self._records[trajectory.id] if r.key == key]
-        at_epoch = [r.observation for r in own if r.epoch == self.epoch]
-        if at_epoch:
-            return at_epoch[0]
-        if own and _all_same(r.observation for r in own) and own[0].epoch < self.epoch < own[-1].epoch:
-            return own[0].observation
-        others = [
-            r for run in self._runs_of_task[trajectory.task_id] if run != trajectory.id
-            for r in self._records[run] if r.key == key
-        ]
-        if self.epoch == 0:
-            initial = [r.observation for r in others if r.epoch == 0]
-            if initial and _all_same(initial):
-                return initial[0]
-        everywhere = [r.observation for r in own + others]
-        if others and len(everywhere) >= 2 and _all_same(everywhere):
-            return everywhere[0]
-        return None
+        """The observation recorded for ``key`` at the current state (the module docstring's rule), or None."""
+        found = self._at_state.get((trajectory.task_id, self.state, key))
+        if not found:
+            return None
+        own = [text for run, text in found if run == trajectory.id]
+        if own:
+            return own[0]
+        return found[0][1] if _all_same(text for _, text in found) else None
 
 
 def opening_messages(trajectory: Trajectory) -> list[Message]:

@@ -1,4 +1,4 @@
-"""ReplayEnv: recorded observations keyed by canonical call, per run and write epoch."""
+"""ReplayEnv: recorded observations keyed by canonical call and state (task, successful writes so far)."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def test_unclassified_tools_count_as_writes():
     assert env.epoch == 0
 
 
-def test_other_runs_of_the_task_answer_only_when_safe():
+def test_other_runs_of_the_task_answer_only_at_the_same_state():
     own = run("r1", "t", [("get_order", {"id": "#1"}, "pending"), ("cancel_order", {"id": "#1"}, "ok")])
     same_start = run("r2", "t", [("search", {"q": "x"}, "hits"), ("cancel_order", {"id": "#1"}, "ok"),
                                  ("get_order", {"id": "#3"}, "late-A"), ("search", {"q": "y"}, "stable")])
@@ -142,12 +142,83 @@ def test_other_runs_of_the_task_answer_only_when_safe():
     other_task = run("r4", "u", [("search", {"q": "z"}, "elsewhere")])
     env = ReplayEnv([own, same_start, agreeing, other_task])
     env.reset("r1")
-    assert env.execute(call("search", q="x")) == "hits"  # rule 3: r2 made it at its epoch 0, as we are
-    assert not env.is_recorded(call("get_order", id="#3"))  # r2 and r3 made it later, and disagree
+    assert env.execute(call("search", q="x")) == "hits"  # r2 made it at the start, where we are
+    assert not env.is_recorded(call("get_order", id="#3"))  # r2 and r3 made it only after a cancel
+    assert not env.is_recorded(call("search", q="y"))
     assert not env.is_recorded(call("search", q="z"))  # another task's run
     env.execute(call("cancel_order", id="#1"))
-    assert not env.is_recorded(call("search", q="x"))  # epoch 1 now; one occurrence says nothing
-    assert env.execute(call("search", q="y")) == "stable"  # rule 4: the same in every run that made it
+    assert env.state == ('cancel_order({"id":"#1"})',)
+    assert not env.is_recorded(call("search", q="x"))  # recorded before the cancel only
+    assert env.execute(call("search", q="y")) == "stable"  # r2 and r3 made it after the same cancel
+    assert not env.is_recorded(call("get_order", id="#3"))  # ... where they disagree
+    assert env.stats().state_conflicts == 1
+
+
+def test_a_lookup_after_a_write_is_never_answered_from_before_it():
+    """Neither "the result never varied" (the same text in several runs, at other states) nor
+    "the same text before and after" (equal recordings on both sides of a write) answers."""
+    writer = run("r1", "t", [("get_order", {"id": "#1"}, "pending"), ("cancel_order", {"id": "#1"}, "cancelled #1")])
+    reader = run("r2", "t", [("get_order", {"id": "#1"}, "pending"), ("get_order", {"id": "#2"}, "shipped")])
+    around = run("r3", "t", [("get_order", {"id": "#4"}, "shipped"), ("cancel_order", {"id": "#1"}, "cancelled #1"),
+                             ("cancel_order", {"id": "#2"}, "cancelled #2"), ("get_order", {"id": "#4"}, "shipped")])
+    env = ReplayEnv([writer, reader, around])
+    env.reset("r1")
+    assert env.execute(call("get_order", id="#1")) == "pending"
+    assert env.execute(call("get_order", id="#4")) == "shipped"  # r3's, at the start
+    env.execute(call("cancel_order", id="#1"))
+    assert not env.is_recorded(call("get_order", id="#1"))  # "pending" three times, all before the cancel
+    assert env.execute(call("get_order", id="#1")).startswith(UNRECORDED_PREFIX)
+    env.reset("r3")
+    env.seek(6)  # between r3's two cancels: "shipped" before and after, but never recorded here
+    assert env.epoch == 1 and not env.is_recorded(call("get_order", id="#4"))
+    env.seek(8)
+    assert env.execute(call("get_order", id="#4")) == "shipped"  # recorded at this state
+    assert env.replayed == 4 and env.unrecorded == 1  # the cancel was replayed too
+
+
+def test_runs_with_identical_writes_share_their_observations():
+    first = run("r1", "t", [("cancel_order", {"id": "#1"}, "cancelled #1")])
+    second = run("r2", "t", [("cancel_order", {"id": "#7"}, "Error: no order #7"),  # refused: changes nothing
+                             ("cancel_order", {"id": " #1 "}, "cancelled #1"),  # the same write, canonically
+                             ("get_order", {"id": "#1"}, "cancelled")])
+    env = ReplayEnv([first, second])
+    env.reset("r1")
+    assert not env.is_recorded(call("get_order", id="#1"))  # nobody looked before the cancel
+    env.seek(4)  # after r1's cancel
+    assert env.execute(call("get_order", id="#1")) == "cancelled"  # r2 looked after the same write
+    env.reset("r1")
+    assert env.execute(call("cancel_order", id="#1")) == "cancelled #1"
+    assert env.execute(call("get_order", id="#1")) == "cancelled"
+    env.reset("r2")  # the other way round: r1's observations answer r2 at their common states
+    assert env.execute(call("cancel_order", id="#1")) == "cancelled #1"  # r1 made it at the start too
+
+
+def test_runs_with_different_writes_do_not_share():
+    first = run("r1", "t", [("cancel_order", {"id": "#1"}, "ok"), ("cancel_order", {"id": "#2"}, "ok")])
+    other_write = run("r2", "t", [("cancel_order", {"id": "#2"}, "ok"), ("get_order", {"id": "#1"}, "pending")])
+    other_order = run("r3", "t", [("cancel_order", {"id": "#2"}, "ok"), ("cancel_order", {"id": "#1"}, "ok"),
+                                  ("get_order", {"id": "#3"}, "pending")])
+    env = ReplayEnv([first, other_write, other_order])
+    env.reset("r1")
+    env.seek(4)  # after cancelling #1
+    assert not env.is_recorded(call("get_order", id="#1"))  # r2 looked after cancelling #2 instead
+    env.seek(6)  # after cancelling #1 then #2: the same writes as r3, in another order
+    assert not env.is_recorded(call("get_order", id="#3"))
+    env.reset("r1")  # following another run's writes leads to its states
+    assert env.execute(call("cancel_order", id="#2")) == "ok"  # r2 and r3 made it at the start
+    assert env.execute(call("get_order", id="#1")) == "pending"  # r2's, after the same write
+    assert env.execute(call("cancel_order", id="#1")) == "ok"  # r3's
+    assert env.execute(call("get_order", id="#3")) == "pending"
+
+
+def test_runs_that_disagree_at_one_state():
+    runs = [run(f"r{i}", "t", [("get_order", {"id": "#1"}, text)]) for i, text in enumerate(["a", "b"])]
+    env = ReplayEnv([*runs, run("r9", "t", [])])
+    env.reset("r1")
+    assert env.execute(call("get_order", id="#1")) == "b"  # its own recording first
+    env.reset("r9")
+    assert not env.is_recorded(call("get_order", id="#1"))  # no agreement: unknown
+    assert env.stats().state_conflicts == 1
 
 
 def test_terminal_calls():
@@ -164,9 +235,12 @@ def test_tau2_opening_messages_include_the_greeting():
     env = ReplayEnv(trajectories)
     opening = env.reset("tau2_sim:7:1")
     assert [m.role for m in opening] == ["system", "assistant", "user"]
-    # trial 1 never looked reservation XEHM4B up alone, but trial 0 did at the same (initial) state
     lookup = call("get_reservation_details", reservation_id="XEHM4B")
-    assert env.execute(lookup) == trajectories[0].messages[6].content
+    # the fixture declares no tool kinds: get_user_details may have written, and both runs looked after it
+    assert not env.is_recorded(lookup)
+    env = ReplayEnv(trajectories, read_only=["get_user_details", "get_reservation_details"])
+    env.reset("tau2_sim:7:1")
+    assert env.execute(lookup) == trajectories[0].messages[6].content  # both runs, at the initial state
 
 
 def test_airline_runs_replay_every_recorded_call(airline_import):
@@ -195,8 +269,9 @@ def test_airline_runs_replay_every_recorded_call(airline_import):
     assert env.unrecorded == 0
     stats = env.stats()
     assert (stats.recorded_calls, stats.distinct_keys) == (621, 594)
-    # one run booked the same reservation twice (two reservation ids); never within one state
-    assert (stats.conflicting_keys, stats.same_epoch_conflicts) == (1, 0)
+    # one run booked the same reservation twice (two reservation ids); never within one state,
+    # and no two runs in the same state (same task, same writes) ever disagreed
+    assert (stats.conflicting_keys, stats.same_epoch_conflicts, stats.state_conflicts) == (1, 0, 0)
 
 
 def test_from_a_trajectories_file(tmp_path):
