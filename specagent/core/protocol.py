@@ -13,17 +13,17 @@ accounting, so their numbers compare with SpecAgent's one for one.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Sequence
 
 from specagent.core.accounting import Ledger
 from specagent.core.canonical import same_step
-from specagent.core.classify import classify_tools, drafted
+from specagent.core.classify import classify_tools, drafted, terminal_tools
 from specagent.core.draft import DraftJob, assign_call_ids, draft_batch
 from specagent.core.errors import ContextLengthExceeded
+from specagent.core.execution import ToolRunner
 from specagent.core.interfaces import ChatEngine, ChatRequest, Completion, Environment, Verifier
+from specagent.core.verify import granted_prefix
 from specagent.core.types import (
     DraftedStep,
     Message,
@@ -36,6 +36,7 @@ from specagent.core.types import (
 )
 
 Mode = Literal["strong", "weak", "stepwise", "specagent"]
+NOT_RUN = "Error: not executed (the episode stopped before this call)"
 MODES: tuple[str, ...] = ("strong", "weak", "stepwise", "specagent")
 
 
@@ -102,6 +103,9 @@ class Episode:
     wall_seconds: float = 0.0
     env_seconds: float = 0.0
     final_hash: str = ""
+    invalid_verdicts: int = 0  # rounds whose verdict was unparseable, out of range, not an int, or raised
+    unknown_effects: list[str] = field(default_factory=list)  # write calls that timed out while running
+    tools_still_running: list[str] = field(default_factory=list)  # at the end: the env must not be reused
 
     def counts(self) -> dict[str, Any]:
         """The per-episode metrics of DESIGN §3."""
@@ -123,12 +127,10 @@ class Episode:
             "held_approved": sum(s.status is StepStatus.HELD_APPROVED for s in self.steps),
             "repairs": sum(s.status is StepStatus.REPAIRED for s in self.steps),
             "malformed_drafts": sum(s.status is StepStatus.MALFORMED for s in drafted),
+            "invalid_verdicts": self.invalid_verdicts,
             "committed_steps": sum(s.status is not StepStatus.REJECTED and s.status is not StepStatus.MALFORMED for s in self.steps),
             "per_tool": per_tool,
         }
-
-
-_TOOL_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="specagent-tool")
 
 
 class EpisodeRunner:
@@ -146,7 +148,9 @@ class EpisodeRunner:
             raise ValueError(f"mode {mode!r} needs models: {', '.join(missing)}")
         self.env, self.mode, self.models, self.config = env, mode, models, config
         self.tools: list[ToolSpec] = env.tool_specs()
-        self.read_only = classify_tools(self.tools, config.read_only, config.write)
+        self.read_only = classify_tools(self.tools, config.read_only, config.write,
+                                        terminal=terminal_tools(env.is_terminal, self.tools))
+        self.runner = ToolRunner(env.execute, config.tool_timeout_s)
         self.episode = Episode(task_id=task_id, mode=mode)
         self.done = False
         self.round = 0
@@ -170,6 +174,7 @@ class EpisodeRunner:
         except ContextLengthExceeded as err:
             ep.stop_reason = f"context_length: {err}"
         ep.wall_seconds = time.perf_counter() - start
+        ep.tools_still_running = self.runner.still_running()
         result = self.env.reward(ep.messages)
         ep.reward, ep.reward_info = result.reward, dict(result.info)
         ep.final_hash = self.env.state_hash()
@@ -204,14 +209,9 @@ class EpisodeRunner:
     def _specagent_round(self) -> None:
         ep = self.episode
         segment = self._draft()
-        steps = segment.verifiable
-        accepted = 0
-        if steps:
-            verdict, usages = self.models.verifier.verify(ep.messages, self.tools, segment)
-            for model, usage in usages:
-                ep.ledger.record(model, "verdict", usage, self._engine(model).cost)
-            accepted = min(max(verdict.accepted, 0), len(steps))
-        ep.verdicts.append(verdict.raw if steps else "(nothing to verify)")
+        accepted = self._judge(segment) if segment.verifiable else 0
+        if not segment.verifiable:
+            ep.verdicts.append("(nothing to verify)")
         ep.accepted_prefixes.append(accepted)
         for i, step in enumerate(segment.steps):
             if i < accepted and not step.held:
@@ -228,6 +228,25 @@ class EpisodeRunner:
             self._commit(repair.message, "strong", StepStatus.REPAIRED, repair.malformed)
 
     # ------------------------------------------------------------------ pieces
+    def _judge(self, segment: Segment) -> int:
+        """VERIFY: the accepted prefix, an int in [0, k]. A verdict that is not one (a fraction,
+        None, a string, out of range, unparseable) or a verifier that raises grants nothing:
+        every step is rejected and the first is repaired; the round counts as invalid."""
+        ep = self.episode
+        try:
+            verdict, usages = self.models.verifier.verify(ep.messages, self.tools, segment)
+            for model, usage in usages:
+                ep.ledger.record(model, "verdict", usage, self._engine(model).cost)
+        except Exception as err:
+            verdict, why = None, f"the verifier raised {type(err).__name__}: {err}"
+        else:
+            why = None
+        accepted, invalid = granted_prefix(verdict, len(segment.verifiable)) if why is None else (0, why)
+        raw = getattr(verdict, "raw", "")
+        ep.verdicts.append(raw if invalid is None else f"(invalid verdict: {invalid}) {raw}".rstrip())
+        ep.invalid_verdicts += invalid is not None
+        return accepted
+
     def _draft(self) -> Segment:
         """DRAFT: read-only steps are executed now; the first other step ends the draft."""
         budget = min(self.config.max_draft_steps, self.config.max_steps - self._committed())
@@ -269,10 +288,17 @@ class EpisodeRunner:
         self._record(step, source, status)
         ep = self.episode
         ep.messages.append(message)
-        for call in message.tool_calls:
-            ep.messages.append(self._execute(call))
-            if not self.read_only.get(call.name, False):
+        for number, call in enumerate(message.tool_calls):
+            writes = not self.read_only.get(call.name, False)
+            if writes:  # in the write log before it runs: a write that ran is always there
                 ep.write_calls.append(call.name)
+            outcome = self._run(call)
+            ep.messages.append(self._observation(call, outcome.observation))
+            if writes and not outcome.finished:  # it may still change the state: stop, believe nothing
+                ep.unknown_effects.append(call.name)
+                self.done, ep.stop_reason = True, f"tool_timeout:{call.name} (effect unknown)"
+                ep.messages.extend(self._observation(c, NOT_RUN) for c in message.tool_calls[number + 1:])
+                return
             if self.env.is_terminal(call):
                 self.done, ep.stop_reason = True, f"terminal:{call.name}"
         if not message.tool_calls:
@@ -290,18 +316,20 @@ class EpisodeRunner:
             StepRecord(self.round, source, step.kind, status, step.tool_names, text[:500], step.malformed)
         )
 
+    def _run(self, call: ToolCall):
+        """Run a tool with a timeout counted from its start; a raise or a hang becomes an
+        error observation (see ``ToolRunner``)."""
+        outcome = self.runner.run(call)
+        self.episode.env_seconds += outcome.seconds
+        return outcome
+
     def _execute(self, call: ToolCall) -> Message:
-        """Run a tool with a timeout; a raise or a hang becomes an error observation."""
-        start = time.perf_counter()
-        future = _TOOL_POOL.submit(self.env.execute, call)
-        try:
-            observation = str(future.result(timeout=self.config.tool_timeout_s))
-        except FutureTimeout:
-            observation = f"Error: tool {call.name} timed out after {self.config.tool_timeout_s:g}s"
-        except Exception as err:  # a tool bug is an observation, never a crash of the episode
-            observation = f"Error: tool {call.name} failed: {type(err).__name__}: {err}"
-        self.episode.env_seconds += time.perf_counter() - start
-        return Message(role="tool", content=observation, tool_call_id=call.id, name=call.name)
+        """A drafted read-only call, run now: its observation."""
+        return self._observation(call, self._run(call).observation)
+
+    @staticmethod
+    def _observation(call: ToolCall, text: str) -> Message:
+        return Message(role="tool", content=text, tool_call_id=call.id, name=call.name)
 
 
 def run_episode(

@@ -6,7 +6,7 @@ Everything here is plain data: no model, no environment, no I/O.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Iterable
 
@@ -180,6 +180,7 @@ class Verdict:
     accepted: int
     raw: str = ""
     scores: tuple[float, ...] = ()  # P(valid | prefix) per step, for a verdict head
+    invalid: str | None = None  # why the reply is not a verdict (then nothing is accepted)
 
 
 @dataclass
@@ -223,9 +224,19 @@ class Trajectory:
 
 
 def union_tools(trajectories: "Iterable[Trajectory]") -> list[ToolSpec]:
-    """Every tool of the trajectories, the first spec seen for each name."""
+    """Every tool of the trajectories, the first spec seen for each name; where two specs of
+    a name disagree on ``read_only``, the unsafe reading wins (write over unknown over read)."""
     seen: dict[str, ToolSpec] = {}
     for trajectory in trajectories:
         for tool in trajectory.tools:
-            seen.setdefault(tool.name, tool)
+            first = seen.setdefault(tool.name, tool)
+            if first.read_only is not tool.read_only:
+                seen[tool.name] = replace(first, read_only=unsafe_flag(first.read_only, tool.read_only))
     return list(seen.values())
+
+
+def unsafe_flag(a: bool | None, b: bool | None) -> bool | None:
+    """The less safe of two read-only declarations: False (write) > None (unknown) > True."""
+    if a is False or b is False:
+        return False
+    return None if a is None or b is None else True

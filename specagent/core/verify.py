@@ -9,6 +9,7 @@ cache reuses the verify prefill for the repair.
 
 from __future__ import annotations
 
+import numbers
 import re
 from typing import Sequence
 
@@ -47,23 +48,43 @@ def verify_messages(context: Sequence[Message], steps: Sequence[DraftedStep]) ->
     return [*context, *render_steps(steps), Message(role="user", content=review_request(len(steps)))]
 
 
-# The verdict is a number at the very start of the reply ("2", "2.", "Answer: 2"). A number
-# further in is not a verdict: a model that echoes the question ("The last 3 steps ...")
-# must not be read as approving three steps.
-_VERDICT = re.compile(r"^\s*(?:(?:answer|verdict|accepted)\s*[:=]?\s*)?(-?\d+)\b")
+# A verdict grants a prefix only when the whole reply states one (DESIGN §1): a count alone
+# ("2", "2.", "Answer: 2"), or the words "all" / "none" alone. Anything else — a count
+# followed by more words, "all but one", "accept none", "not all", a number in words, a
+# count outside 0..k — is unparseable, which the protocol treats as reject-all + repair.
+# A model that echoes the question ("The last 3 steps ...") must never approve three steps.
+_COUNT = re.compile(r"(?:(?:answer|verdict|accepted)\s*[:=]?\s*)?([0-9]{1,4})")
+_WORDS = {"all": None, "none": 0}  # None: every step (k)
 
 
-def parse_verdict(text: str, k: int) -> int | None:
-    """The accepted-prefix length in a verdict reply, clamped to 0..k; None if unparseable."""
-    cleaned = (text or "").strip().lower()
-    match = _VERDICT.match(cleaned)
+def parse_verdict(text: str | None, k: int) -> int | None:
+    """The accepted-prefix length a verdict reply states unambiguously, or None."""
+    cleaned = " ".join((text or "").lower().split()).removesuffix(".").strip()
+    match = _COUNT.fullmatch(cleaned)
     if match:
-        return min(max(int(match.group(1)), 0), k)
-    if cleaned.startswith(("all", "accept")):
-        return k
-    if cleaned.startswith(("none", "reject")):
-        return 0
+        count = int(match.group(1))
+        return count if count <= k else None
+    if cleaned in _WORDS:
+        return k if _WORDS[cleaned] is None else _WORDS[cleaned]
     return None
+
+
+def granted_prefix(verdict: object, k: int) -> tuple[int, str | None]:
+    """(accepted prefix, why the verdict is invalid or None) for whatever a verifier returned.
+
+    A verdict is a ``Verdict`` whose ``accepted`` is an integer in [0, k] (not a bool, not a
+    fraction, not a string) and which the verifier did not itself mark invalid. Anything
+    else grants 0: the protocol rejects every step and repairs the first one."""
+    if not isinstance(verdict, Verdict):
+        return 0, f"the verifier returned {type(verdict).__name__}, not a Verdict"
+    if verdict.invalid:
+        return 0, verdict.invalid
+    accepted = verdict.accepted
+    if isinstance(accepted, bool) or not isinstance(accepted, numbers.Integral):
+        return 0, f"accepted={accepted!r} is not an integer"
+    if not 0 <= accepted <= k:
+        return 0, f"accepted={accepted} is outside 0..{k}"
+    return int(accepted), None
 
 
 class GenerativeVerifier:
@@ -80,7 +101,10 @@ class GenerativeVerifier:
         steps = segment.verifiable
         request = ChatRequest(verify_messages(context, steps), tools, self.max_tokens, self.adapter)
         completion = self.engine.chat([request])[0]
-        # A tool call is not a verdict: treat it as unparseable.
-        accepted = None if completion.message.tool_calls else parse_verdict(completion.text, len(steps))
-        # Unparseable means reject everything: the strong model repairs the first step.
-        return Verdict(accepted=accepted or 0, raw=completion.text), [("strong", completion.usage)]
+        usage = [("strong", completion.usage)]
+        if completion.message.tool_calls:  # a tool call is not a verdict
+            return Verdict(accepted=0, raw=completion.text, invalid="a tool call instead of a verdict"), usage
+        accepted = parse_verdict(completion.text, len(steps))
+        if accepted is None:  # reject everything: the strong model repairs the first step
+            return Verdict(accepted=0, raw=completion.text, invalid="no unambiguous count in the reply"), usage
+        return Verdict(accepted=accepted, raw=completion.text), usage

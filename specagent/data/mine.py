@@ -206,7 +206,7 @@ def mine_trajectories(
             jobs += made
             owners += [n] * len(made)
         first = trajs[members[0]]
-        read_only = classify_tools(first.tools, settings.read_only, settings.write)
+        read_only = classify_tools(first.tools, settings.read_only, settings.write, strict=False)
         drafted = draft_batch(drafter, jobs, first.tools, read_only, settings.max_tokens,
                               settings.drafter_adapter, on_usage)
         for n, seg in zip(owners, drafted):
@@ -225,7 +225,7 @@ def label_trajectory(
     restore_for: Callable[[Trajectory, int], Callable[[], Environment]] | None,
 ) -> list[dict[str, Any]]:
     """Labels of one trajectory's drafted segments by every configured labeler; the records."""
-    read_only = classify_tools(traj.tools, settings.read_only, settings.write)
+    read_only = classify_tools(traj.tools, settings.read_only, settings.write, strict=False)
     references = [reference_steps(traj.messages, cut) for cut in cuts]
     labels: dict[str, list[list[int]]] = {}
     if "match" in settings.labelers:

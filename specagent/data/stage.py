@@ -8,7 +8,7 @@ from typing import Any
 
 from specagent.config import CollectConfig, MineConfig, dump_config
 from specagent.core.classify import classify_tools
-from specagent.core.types import Message, Trajectory
+from specagent.core.types import Message, Trajectory, union_tools
 from specagent.data.datasets import finalize
 from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, replay_jobs, restore
 from specagent.data.trajectories import read_trajectories, write_trajectories
@@ -49,6 +49,7 @@ def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard
         batch_trajectories=cfg.batch_trajectories,
         read_only=tuple(cfg.read_only), write=tuple(cfg.write),
     )
+    classify_tools(union_tools(trajectories), cfg.read_only, cfg.write)  # a misspelt tool name fails here
     restore_for = None
     env_cfg = None if cfg.env == "replay" else cfg.live_env_config()
     if env_cfg is None:
@@ -63,7 +64,7 @@ def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard
             return build_env(env_cfg)
 
         def read_only_of(traj):
-            return classify_tools(traj.tools, cfg.read_only, cfg.write)
+            return classify_tools(traj.tools, cfg.read_only, cfg.write, strict=False)
 
         def jobs_for(traj, cuts):
             return live_jobs(make_env, traj, cuts, settings.max_draft_steps, read_only_of(traj))

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tqdm import tqdm
 
+from specagent.core.errors import SpecAgentError
 from specagent.core.interfaces import Environment
 from specagent.core.protocol import Episode, Models, ProtocolConfig, run_episode
 from specagent.engines.batching import BatchingEngine, CallerGroup
@@ -118,7 +119,7 @@ def run_tasks(
     lock = threading.Lock()
     with out_path.open("a") as sink, tqdm(total=len(todo), desc=arm or "episodes", unit="ep", file=sys.stderr) as bar:
 
-        def run_one(env: Environment, trial: int, mode: str, task: str) -> None:
+        def run_one(env: Environment, trial: int, mode: str, task: str) -> Environment:
             ep = run_episode(env, str(task), mode, models, protocol)
             record = episode_record(ep, trial, model_names or {}, arm)
             with lock:  # one whole line at a time
@@ -130,13 +131,25 @@ def run_tasks(
                     on_episode(ep, record)
                 bar.set_postfix(task=task, mode=mode, reward=ep.reward)
                 bar.update()
+            if not ep.tools_still_running:
+                return env
+            # a timed-out call still runs in this environment: its late effect must not land in
+            # the next episode's state, so the next episode gets a fresh environment
+            if env_factory is None:
+                raise SpecAgentError(f"task {task}: tool call(s) {', '.join(ep.tools_still_running)} timed out and "
+                                     "still run in the environment, which cannot be reused; give run_tasks an "
+                                     "env_factory")
+            with lock:
+                owned.append(env_factory())
+                return owned[-1]
 
-        made = [env_factory() for _ in range(min(concurrency, len(todo)) - 1)] if env_factory else []
+        owned = [env_factory() for _ in range(min(concurrency, len(todo)) - 1)] if env_factory else []
+        first = list(owned)
         try:
-            _run_in_threads(todo, run_one, [env, *made], _caller_groups(models))
+            _run_in_threads(todo, run_one, [env, *first], _caller_groups(models))
         finally:
-            for extra in made:
-                getattr(extra, "close", lambda: None)()
+            for made in owned:  # the caller's `env` stays the caller's
+                getattr(made, "close", lambda: None)()
     return records
 
 
@@ -166,7 +179,7 @@ def _run_in_threads(
                 if item is None:
                     return
                 try:
-                    run_one(env, *item)
+                    env = run_one(env, *item)
                 except BaseException:
                     stop.set()
                     raise

@@ -67,7 +67,7 @@ def _jobs_for(mine: MineConfig, trajectories: list[Trajectory], settings: MineSe
 
     env_cfg = mine.live_env_config()
     return lambda traj, cuts: live_jobs(lambda: build_env(env_cfg), traj, cuts, settings.max_draft_steps,
-                                        classify_tools(traj.tools, mine.read_only, mine.write))
+                                        classify_tools(traj.tools, mine.read_only, mine.write, strict=False))
 
 
 def offline_acceptance(engine: Any, data: HeldOut) -> dict[str, Any]:

@@ -9,11 +9,11 @@ from specagent.core.verify import HELD_OBSERVATION, parse_verdict, verify_messag
 
 
 @pytest.mark.parametrize("text,expected", [
-    ("2", 2), (" 2.", 2), ("Answer: 1", 1), ("verdict=0", 0), ("7", 3), ("-1", 0),
-    ("all", 3), ("Accept all", 3), ("none", 0), ("reject", 0),
+    ("2", 2), (" 2.", 2), ("Answer: 1", 1), ("verdict=0", 0), ("all", 3), ("none", 0),
+    ("7", None), ("-1", None), ("Accept all", None), ("reject", None),  # out of range or not a stated count
     ("The last 1 assistant step is a", None), ("I think 2", None), ("", None), ("<tool_call>", None),
 ])
-def test_verdict_is_a_leading_number_or_a_clear_word(text, expected):
+def test_verdict_is_a_bare_count_or_all_or_none(text, expected):
     assert parse_verdict(text, 3) == expected
 
 

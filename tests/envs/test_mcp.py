@@ -54,12 +54,24 @@ def test_tools_and_annotations_are_listed(toy):
     assert set(specs) == {"echo", "slow", "fail", "add_note", "clear_notes"}
     assert specs["echo"].parameters["properties"] == {"text": {"title": "Text", "type": "string"}}
     assert specs["echo"].description == "Say the text back."
-    assert {name: spec.read_only for name, spec in specs.items()} == {
-        "echo": True, "slow": True, "fail": True,
-        "add_note": None,  # no annotation: the server says nothing ...
-        "clear_notes": False,  # read-only and destructive at once: not read-only
-    }  # fmt: skip
-    assert toy.read_only == {"echo": True, "slow": True, "fail": True, "add_note": False, "clear_notes": False}
+    # add_note has no annotation (unknown: write); clear_notes is read-only and destructive at
+    # once (not read-only). tool_specs() carries the classification, not the raw hint.
+    classified = {"echo": True, "slow": True, "fail": True, "add_note": False, "clear_notes": False}
+    assert {name: spec.read_only for name, spec in specs.items()} == classified
+    assert toy.read_only == classified
+
+
+def test_the_users_lists_hold_through_the_python_api():
+    """McpEnv(write=[...]) alone, then run_episode with a default ProtocolConfig: the tool the
+    server calls read-only is held, because tool_specs() carries the user's classification."""
+    with McpEnv([TOY], TOY_TASKS, write=["echo"], tool_timeout_s=1.0) as env:
+        assert {s.name: s.read_only for s in env.tool_specs()}["echo"] is False
+        weak = ScriptedEngine(lambda m, t: Message("assistant", tool_calls=(call("echo", text="hi"),)))
+        strong = ScriptedEngine(lambda m, t: Message("assistant", content="done"))
+        ep = run_episode(env, "chat", "specagent", Models(strong, weak, ScriptedVerifier(lambda c, s: 0)),
+                         ProtocolConfig(max_steps=1))
+        assert ep.steps[0].kind.value == "write" and ep.steps[0].status is StepStatus.REJECTED
+        assert env.write_log == []
 
 
 @pytest.mark.parametrize("spelling", ["readOnlyHint", "read_only_hint"])
@@ -83,7 +95,7 @@ def test_user_lists_beat_the_server():
 
 
 def test_a_misspelt_user_list_name_is_an_error():
-    with pytest.raises(ConfigError, match=r"env\.write: no MCP server offers ad_note"):
+    with pytest.raises(ConfigError, match=r"env\.write: unknown tool\(s\) .ad_note."):
         McpEnv([TOY], write=["ad_note"])
 
 
@@ -231,7 +243,9 @@ def test_the_users_write_list_beats_a_lying_server(user_says_write):
     if not user_says_write:  # the cancel counts as a lookup: a gold write on it would be refused
         task = {**task, "expert_lookups": task["expert_lookups"] + task["gold_actions"], "gold_actions": []}
     with McpEnv([liar], [task], write=write) as env:
-        assert next(s for s in env.tool_specs() if s.name == "cancel_pending_order").read_only is True
+        # the server's hint, and the classification tool_specs() carries
+        cancel_spec = next(s for s in env.tool_specs() if s.name == "cancel_pending_order")
+        assert cancel_spec.read_only is (not user_says_write)
         status_at_review = []
 
         def judge(context, steps) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -25,7 +26,7 @@ import yaml
 
 from specagent.config import EnvConfig, McpServerSettings
 from specagent.core.canonical import canonical_call
-from specagent.core.classify import classify_tools
+from specagent.core.classify import check_tool_names, classify_tools
 from specagent.core.errors import ConfigError, TaskFileError
 from specagent.core.interfaces import Reward
 from specagent.core.types import Message, ToolCall, ToolSpec
@@ -126,8 +127,12 @@ class McpEnv:
         self._clients = McpClients(servers)
         try:
             self._specs, self._server_of = self._collect_tools()
-            self._check_user_lists(read_only, write)
-            self.read_only = classify_tools(self._specs, read_only, write)
+            # the user's lists (a misspelt name is an error) > the server's hint > write; terminal
+            # tools are never read-only. tool_specs() carries the result, so every caller of
+            # this environment (CLI or Python API) classifies the same way.
+            check_tool_names(terminal_tools, self._server_of, "mcp.terminal_tools")
+            self.read_only = classify_tools(self._specs, read_only, write, terminal=terminal_tools)
+            self._specs = [replace(spec, read_only=self.read_only[spec.name]) for spec in self._specs]
             self._check_gold_actions()
         except BaseException:
             self._clients.close()
@@ -147,14 +152,6 @@ class McpEnv:
                 specs.append(tool_spec(tool))
         return specs, server_of
 
-    def _check_user_lists(self, read_only: Sequence[str], write: Sequence[str]) -> None:
-        """A misspelt name in a user list would silently leave the server's hint in charge."""
-        for key, names in (("read_only", read_only), ("write", write)):
-            unknown = sorted(set(names) - set(self._server_of))
-            if unknown:
-                offered = ", ".join(sorted(self._server_of))
-                raise ConfigError(f"env.{key}: no MCP server offers {', '.join(unknown)} (tools: {offered})")
-
     def _check_gold_actions(self) -> None:
         for task_id, task in self._tasks.items():
             for number, action in enumerate(task.get("gold_actions", [])):
@@ -170,7 +167,7 @@ class McpEnv:
     # ------------------------------------------------------------ the Environment protocol
 
     def tool_specs(self) -> list[ToolSpec]:
-        """The servers' tools; ``read_only`` is what the server declares (None: nothing)."""
+        """The servers' tools; ``read_only`` as classified: the user's lists over the server's hint."""
         return list(self._specs)
 
     def task_ids(self) -> list[str]:
