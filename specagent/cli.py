@@ -110,10 +110,32 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    """Environment utilities: serve the built-in store domain as an MCP server."""
+    """Environment utilities: serve the built-in store domain as an MCP server; list a split's tasks."""
+    if args.action == "tasks":
+        return _list_tasks(args)
     from specagent.envs.mcp.server import serve_store
 
     serve_store(http_port=args.http, lie=args.lie)
+    return 0
+
+
+def _list_tasks(args: argparse.Namespace) -> int:
+    """One line per task (id, category, opening request), then the count per category."""
+    import collections
+    import json
+
+    from specagent.envs.store import StoreEnv
+
+    env = StoreEnv(split=args.split, user=args.user)
+    counts: collections.Counter[str] = collections.Counter()
+    for task_id in env.task_ids():
+        task = env.task(task_id)
+        counts[task["category"]] += 1
+        row = {"id": task_id, "category": task["category"], "request": task["request"]}
+        print(json.dumps(row) if args.json else "\t".join(row.values()))
+    if not args.json:
+        print(f"{sum(counts.values())} tasks ({args.split or 'hand-checked'}, user {args.user}): "
+              + ", ".join(f"{category} {n}" for category, n in counts.items()))
     return 0
 
 
@@ -202,6 +224,14 @@ def _add_env_args(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP at http://127.0.0.1:PORT/mcp")
     serve.add_argument("--lie", action="append", default=[], metavar="TOOL",
                        help="(tests) declare this write tool read-only, to check that a user's write: list wins")
+    help_text = "list an environment's tasks: id, category, opening request; a count per category"
+    tasks = actions.add_parser("tasks", help=help_text, description=help_text)
+    tasks.add_argument("domain", choices=["store"], help="store: the built-in store domain")
+    tasks.add_argument("--split", choices=["train", "calibration", "eval"],
+                       help="a generated split (default: the 42 hand-checked tasks)")
+    tasks.add_argument("--user", choices=["ticket", "multi_turn"], default="ticket",
+                       help="whose opening to show: ticket (default) or multi_turn (identity withheld)")
+    tasks.add_argument("--json", action="store_true", help="one JSON object per task and line, no counts")
 
 
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, Callable]] = {
@@ -222,7 +252,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, Callable]] =
                "behind a smoke gate that loads it in vLLM", _add_export_args),
     "import": (cmd_import, "import agent logs (OpenAI chat JSONL, tau-bench, tau2-bench) as trajectories.jsonl",
                _add_import_args),
-    "env": (cmd_env, "environment utilities: serve the built-in store domain as an MCP server", _add_env_args),
+    "env": (cmd_env, "environment utilities: serve the built-in store domain as an MCP server, list its tasks",
+            _add_env_args),
     "serve": (cmd_serve, "serve the runtime over HTTP: episodes, OpenAI-compatible chat completions, metrics",
               _add_config_args),
 }

@@ -106,6 +106,10 @@ class EnvConfig(Strict):
     airline: Optional[AirlineEnvSettings] = None  # name: airline
     mcp: Optional[McpEnvSettings] = None  # name: mcp
     tasks_path: Optional[str] = None  # a JSONL task file instead of the built-in tasks
+    # store only: a generated split on the extended database (None: the 42 hand-checked tasks on the seed one)
+    split: Optional[Literal["train", "calibration", "eval"]] = None
+    # store only: "ticket" = the opening says everything; "multi_turn" = identity and order ids only when asked
+    user: Literal["ticket", "multi_turn"] = "ticket"
     task_ids: Optional[list[str]] = None
     limit: Optional[int] = Field(None, gt=0)  # the first N tasks
     read_only: list[str] = Field(default_factory=list)  # user allow list (beats the environment)

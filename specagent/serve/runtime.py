@@ -24,11 +24,15 @@ from specagent.serve.transcript import print_summary, print_transcript
 
 
 def build_env(cfg: EnvConfig) -> Environment:
+    if cfg.name != "store" and (cfg.split is not None or cfg.user != "ticket"):
+        raise ConfigError(f"env.split and env.user are for the store environment, not {cfg.name!r}")
     match cfg.name:
         case "store":
             from specagent.envs.store import StoreEnv
 
-            return StoreEnv(tasks_path=cfg.tasks_path) if cfg.tasks_path else StoreEnv()
+            if cfg.split and cfg.tasks_path:
+                raise ConfigError("env.split and env.tasks_path exclude each other: a split brings its own tasks")
+            return StoreEnv(tasks_path=cfg.tasks_path or None, split=cfg.split, user=cfg.user)
         case "airline":
             from specagent.envs.airline import env_from_config
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specagent.envs.store.build_db import build_db
-from specagent.envs.store.env import DB_PATH, TASKS_PATH, normalize_text
+from specagent.envs.store.env import DB_PATH, TASKS_PATH, asks_for, normalize_text
 from specagent.envs.store.tools import TOOL_SPECS, run_tool
 
 READ_TOOLS = frozenset(spec.name for spec in TOOL_SPECS if spec.read_only)
@@ -47,9 +47,15 @@ class TaskWriter:
     def order(self, order_id: str) -> dict[str, Any]:
         return self.db["orders"][order_id]
 
-    def hello(self, user_id: str, by: str = "email") -> tuple[str, list[dict[str, Any]]]:
-        """The user's greeting and the lookups that identify them (find + profile)."""
+    def hello(self, user_id: str, by: str = "email", form: str | None = None) -> tuple[str, list[dict[str, Any]]]:
+        """The user's greeting and the lookups that identify them (find + profile).
+
+        ``form`` is an optional greeting template with {first}, {last}, {email}, {zip};
+        it must show what ``by`` identifies the user with (the generated splits vary it).
+        """
         user = self.user(user_id)
+        names = {"first": user["first_name"], "last": user["last_name"], "email": user["email"],
+                 "zip": user["address"]["zip"]}
         if by == "email":
             text = f"Hi, I'm {user['first_name']} {user['last_name']} ({user['email']})."
             find = call("find_user_id_by_email", email=user["email"])
@@ -61,11 +67,17 @@ class TaskWriter:
                 last_name=user["last_name"],
                 zip=user["address"]["zip"],
             )
+        if form is not None:
+            text = form.format(**names)
         return text, [find, call("get_user_details", user_id=user_id)]
+
+    def fresh_db(self) -> dict[str, Any]:
+        """A copy of the database to replay calls on (``self.db`` itself never changes)."""
+        return copy.deepcopy(self.db)
 
     def outcome(self, actions: list[dict[str, Any]]) -> list[Any]:
         """Replay ``actions`` on a fresh copy; their observations, parsed. Errors are bugs here."""
-        db = copy.deepcopy(self.db)
+        db = self.fresh_db()
         results = []
         for action in actions:
             observation = run_tool(db, action["name"], action["arguments"])
@@ -84,11 +96,15 @@ class TaskWriter:
         reply: str,
         followups: list[str] | None = None,
         forbidden: dict[str, Any] | None = None,
+        task_id: str | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
-        """Check the task for consistency and append it, numbered within its category."""
+        """Check the task for consistency and append it, numbered within its category
+        unless ``task_id`` is given. ``extra`` keys (split, withheld details, user modes:
+        see ``generate``) go after the standard ones."""
         number = 1 + sum(task["category"] == category for task in self.tasks)
         task = {
-            "id": f"{category}_{number:02d}",
+            "id": task_id or f"{category}_{number:02d}",
             "category": category,
             "request": request,
             "followups": followups or [],
@@ -99,11 +115,12 @@ class TaskWriter:
         }
         if forbidden is not None:
             task["forbidden_action"] = forbidden
+        task.update(extra or {})
         self._check(task)
         self.tasks.append(task)
 
     def _check(self, task: dict[str, Any]) -> None:
-        db = copy.deepcopy(self.db)
+        db = self.fresh_db()
         for lookup in task["expert_lookups"]:
             assert lookup["name"] in READ_TOOLS, lookup
             assert not run_tool(db, lookup["name"], lookup["arguments"]).startswith("Error:"), lookup
@@ -113,6 +130,18 @@ class TaskWriter:
         if "forbidden_action" in task:
             action = task["forbidden_action"]
             assert run_tool(db, action["name"], action["arguments"]).startswith("Error:"), task
+        modes = [task] + list(task.get("user_modes", {}).values())
+        for detail in (d for mode in modes for d in mode.get("withheld", [])):
+            check_detail(detail, len(task["expert_lookups"]) + len(task["gold_actions"]))
+
+
+def check_detail(detail: dict[str, Any], steps: int) -> None:
+    """A withheld detail is well formed and its expert question hits its own keywords."""
+    assert set(detail) == {"name", "question", "keywords", "answer", "after"}, detail
+    assert detail["answer"].strip() and detail["keywords"], detail
+    assert all(k == k.lower() and k.strip() for k in detail["keywords"]), detail
+    assert asks_for(detail["question"], detail["keywords"]), detail
+    assert 0 <= detail["after"] <= steps, detail
 
 
 # ---------------------------------------------------------------- lookup
