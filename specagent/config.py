@@ -175,6 +175,21 @@ class ServeConfig(Strict):
     protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
     host: str = "127.0.0.1"
     port: int = Field(8100, gt=0, lt=65536)
+    # the modes a client may ask /v1/episodes for; `weak` runs a weak model's writes unsupervised
+    modes: list[Literal["strong", "weak", "stepwise", "specagent"]] = Field(
+        default_factory=lambda: ["specagent"], min_length=1)
+    max_conversations: int = Field(64, gt=0)  # live chat conversations kept (each holds its environment)
+    max_request_bytes: int = Field(1_000_000, gt=0)  # larger request bodies get 413
+    max_pending: int = Field(32, gt=0)  # episode/chat requests queued or running; beyond: 503
+    # the name of an environment variable holding a bearer token every request but /health must carry
+    # (Authorization: Bearer ...); None: no auth, which is only safe on a loopback host
+    api_key_env: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _unique_modes(self) -> "ServeConfig":
+        if len(set(self.modes)) != len(self.modes):
+            raise ValueError(f"modes repeats a mode: {self.modes}")
+        return self
 
 
 class ArmConfig(Strict):

@@ -53,19 +53,20 @@ def verify_messages(context: Sequence[Message], steps: Sequence[DraftedStep]) ->
 # followed by more words, "all but one", "accept none", "not all", a number in words, a
 # count outside 0..k — is unparseable, which the protocol treats as reject-all + repair.
 # A model that echoes the question ("The last 3 steps ...") must never approve three steps.
-_COUNT = re.compile(r"(?:(?:answer|verdict|accepted)\s*[:=]?\s*)?([0-9]{1,4})")
+_LABEL = re.compile(r"(?:answer|verdict|accepted)\s*[:=]?\s*")
+_COUNT = re.compile(r"[0-9]{1,4}")
 _WORDS = {"all": None, "none": 0}  # None: every step (k)
 
 
 def parse_verdict(text: str | None, k: int) -> int | None:
     """The accepted-prefix length a verdict reply states unambiguously, or None."""
     cleaned = " ".join((text or "").lower().split()).removesuffix(".").strip()
-    match = _COUNT.fullmatch(cleaned)
-    if match:
-        count = int(match.group(1))
-        return count if count <= k else None
-    if cleaned in _WORDS:
-        return k if _WORDS[cleaned] is None else _WORDS[cleaned]
+    label = _LABEL.match(cleaned)
+    stated = cleaned[label.end():] if label else cleaned
+    if _COUNT.fullmatch(stated):
+        return int(stated) if int(stated) <= k else None
+    if stated in _WORDS:
+        return k if _WORDS[stated] is None else _WORDS[stated]
     return None
 
 

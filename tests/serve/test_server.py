@@ -24,12 +24,12 @@ COUNTERS = ("drafted_steps", "accepted_steps", "held_approved", "repairs")
 class Served:
     """A `specagent serve` process and an HTTP client for it."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, overrides: tuple[str, ...] = ("modes=[strong,specagent]",)) -> None:
         self.port = free_port()
         self.log_path = log_path
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "specagent", "serve", "-c", CONFIG, f"port={self.port}"],
+                [sys.executable, "-m", "specagent", "serve", "-c", CONFIG, f"port={self.port}", *overrides],
                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60)

@@ -42,7 +42,8 @@ def test_a_turn_runs_tools_server_side_until_the_reply_to_the_user(service):
     assert '"status":"cancelled"' in calls[2]["observation"]
     held = [s for s in turn.episode.steps if s.kind.value == "write"]
     assert [(s.source, s.status.value) for s in held] == [("weak", "held_approved")]
-    assert service.env.state_hash() == service.env.gold_hash(TASK)
+    env = service.conversations[turn.conversation_id].env
+    assert env.state_hash() == env.gold_hash(TASK)
 
 
 def test_a_write_the_verifier_rejects_is_never_executed(service):
@@ -60,19 +61,21 @@ def test_a_write_the_verifier_rejects_is_never_executed(service):
     turn = service.chat(request(service))
     fates = [(s.source, s.kind.value, s.status.value) for s in turn.episode.steps]
     assert ("weak", "write", "rejected") in fates and ("strong", "write", "repaired") in fates
-    assert [c.arguments["reason"] for c in service.env.write_log] == ["no longer needed"]  # only the repair ran
+    env = service.conversations[turn.conversation_id].env
+    assert [c.arguments["reason"] for c in env.write_log] == ["no longer needed"]  # only the repair ran
     assert turn.reply.content == service.env.task(TASK)["expert_reply"]
 
 
-def test_the_next_turn_continues_from_the_replayed_state(service):
+def test_the_next_turn_continues_the_servers_own_state(service):
     first = service.chat(request(service))
     history = [*request(service), *first.new_messages, Message("user", "Thanks!")]
-    second = service.chat(history)
+    second = service.chat(history, conversation_id=first.conversation_id)
     assert second.reply.content == "Is there anything else I can help with?"
     assert second.executed_calls() == []
-    # the conversation's write was replayed once, so the state is the one it describes
-    assert [c.name for c in service.env.write_log] == ["cancel_pending_order"]
-    assert service.env.state_hash() == service.env.gold_hash(TASK)
+    env = service.conversations[first.conversation_id].env
+    # the conversation's write ran once, in the first turn; nothing was replayed
+    assert [c.name for c in env.write_log] == ["cancel_pending_order"]
+    assert env.state_hash() == env.gold_hash(TASK)
 
 
 def test_a_system_message_from_the_client_replaces_the_policy(service):
