@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -19,7 +20,7 @@ from specagent.core.types import Message, StepKind, ToolCall, Trajectory
 from specagent.data.mine import MineSettings, MineStats, live_jobs, mine_trajectory, restore
 from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.airline import AirlineEnv, env_from_config, ticket_request
-from specagent.envs.airline.conformance import check, main, render
+from specagent.envs.airline.conformance import check, render
 from specagent.envs.airline.data import data_hash
 from specagent.envs.airline.tools import TOOL_SPECS
 
@@ -28,6 +29,8 @@ RUNS = Path(os.environ.get(
     "SPECAGENT_AIRLINE_RUNS",
     ROOT.parent / "shared" / "data" / "tau-bench-airline" / "gpt-4o-trajectories-tasks-00-24.json",
 ))
+if RUNS.is_dir():  # the data dir itself: its runs file is the GPT-4o one
+    RUNS = RUNS / "gpt-4o-trajectories-tasks-00-24.json"
 DATA = RUNS.parent
 READ_TOOLS = {"get_user_details", "get_reservation_details", "search_direct_flight", "search_onestop_flight",
               "list_all_airports", "calculate", "think"}
@@ -68,18 +71,26 @@ def gold_agent(env: AirlineEnv, reply: str = "All done."):
 
 
 def test_every_recorded_call_returns_its_recorded_observation(report):
-    assert report.call_misses == []
-    assert (report.calls_matched, report.calls) == (621, 621)
+    calls = report.kinds["tool calls"]
+    assert calls.failures == []
+    assert (calls.checked, calls.skipped) == (621, 0)
+    assert report.runs == 100 and report.kinds["records"].checked == 100 and report.kinds["records"].failures == []
 
 
 def test_gold_actions_give_the_recorded_gold_hash(report):
-    assert report.hash_misses == []
-    assert report.hash_tasks == [str(t) for t in range(25) if t not in (2, 8, 9)]  # 2, 8, 9 record outputs instead
+    assert report.kinds["gold hash"].failures == [] and report.kinds["gold hash"].checked == 88
+    by_hash = [t for t, how in report.confirmed.items() if how == "a recorded gt_data_hash"]
+    assert sorted(by_hash, key=int) == [str(t) for t in range(25) if t not in (2, 8, 9)]  # 2, 8, 9 record outputs
+    assert report.confirmed["2"].startswith("run [")  # a run that said its output and matched the gold database
+    assert report.unchecked == ["8", "9"] and report.failed_tasks == set()
 
 
 def test_every_graded_run_regrades_to_its_recorded_reward(report):
-    assert report.reward_misses == []
-    assert report.graded_runs == 97  # three runs hit tau-bench's step limit and were never graded
+    for kind in ("reward", "final database", "outputs"):
+        assert report.kinds[kind].failures == [], kind
+    assert (report.kinds["reward"].checked, report.kinds["reward"].skipped) == (97, 3)  # 3 hit the step limit
+    assert (report.kinds["outputs"].checked, report.kinds["outputs"].skipped) == (9, 3)
+    assert (report.kinds["final database"].checked, report.kinds["final database"].skipped) == (89, 11)
 
 
 @needs_data
@@ -96,13 +107,17 @@ def test_gold_actions_of_all_25_tasks_run_without_errors(env):
         assert (env.gold_hash(task_id) != initial) == bool(writes), task_id
 
 
-def test_conformance_report_prints_the_figures(env, report, capsys):
-    out = render(report, env)
-    assert "tool calls reproduced: 621/621 (100.0%)" in out
-    assert "gold hashes: 22/22 tasks match" in out and "graded 1.0: 2; unchecked: 8, 9" in out
-    assert "rewards: 97/97" in out and "misses" not in out
-    assert main(["--data", str(DATA / "nowhere")]) == 2
-    assert "env.airline.data_dir" in capsys.readouterr().err
+def test_conformance_report_prints_the_figures(report):
+    out = render(report)
+    assert ("summary (checked/skipped/failed): records 100/0/0; tool calls 621/0/0; gold hash 88/0/0; "
+            "final database 89/11/0; outputs 9/3/0; reward 97/3/0; tasks 23/2/0 (skipped: unchecked)") in out
+    assert "tool calls: 621/621 passed" in out and "failures" not in out
+    assert "  - run [27] (task 2, trial 1): outputs, final database, reward skipped: tau-bench never graded it" in out
+    # tasks 8 and 9: no run says its output and matches the database, and their runs record no gold hash
+    assert not report.ok and out.endswith("result: FAIL: 2 task(s) unchecked: 8, 9 (no run records their gold "
+                                          "hash or a final database that matched it); --allow-unchecked accepts them")
+    allowed = dataclasses.replace(report, allow_unchecked=True)
+    assert allowed.ok and render(allowed).endswith("result: PASS, with 2 task(s) unchecked (allowed): 8, 9")
 
 
 # ---------------------------------------------------------------- tools
@@ -163,10 +178,11 @@ def test_cancel_and_gift_card_payments(env):
     ("think", {"thought": "hmm"}, ""),
     ("transfer_to_human_agents", {"summary": "wants a refund"}, "Transfer successful"),
     ("book_flight", {}, "Unknown action book_flight"),
-    ("cancel_reservation", {"reservation": "4WQ150"},
-     "Error: invalid arguments for cancel_reservation: 'reservation_id' is a required property"),
+    ("cancel_reservation", {}, "Error: CancelReservation.invoke() missing 1 required positional argument: "
+     "'reservation_id'"),  # tau-bench's Env.step: Python's TypeError for its invoke()
     ("cancel_reservation", {"reservation_id": "4WQ150", "reason": "x"},
-     "Error: invalid arguments for cancel_reservation: unexpected argument(s) reason"),
+     "Error: CancelReservation.invoke() got an unexpected keyword argument 'reason'"),
+    ("cancel_reservation", {"reservation_id": ["4WQ150"]}, "Error: unhashable type: 'list'"),
 ])
 def test_refusals_say_what_tau_bench_says_and_change_nothing(env, name, arguments, expected):
     env.reset("3")

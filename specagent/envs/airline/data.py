@@ -18,7 +18,7 @@ import functools
 import hashlib
 import json
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -36,8 +36,9 @@ class AirlineData:
     seed: bytes  # the database, pickled: unpickling is the fastest fresh copy
     tasks: dict[str, dict[str, Any]]
     policy: str
-    runs: list[dict[str, Any]]  # the raw run records, for conformance checks
+    runs: list[Any]  # the raw run records, for conformance checks
     known: dict[bytes, str]  # the hash texts of the seed's entries (see `data_hash`)
+    rejected: dict[int, str] = field(default_factory=dict)  # lenient loading: unreadable runs by index, and why
 
     def fresh_db(self) -> Database:
         return pickle.loads(self.seed)
@@ -82,10 +83,13 @@ def _hashable(value: Any) -> Any:
     return value
 
 
-def load_airline_data(data_dir: str | Path, runs: str | Path | None = None) -> AirlineData:
+def load_airline_data(data_dir: str | Path, runs: str | Path | None = None, *, strict: bool = True) -> AirlineData:
     """Read (once per process) the database in ``data_dir`` and the tasks and policy of
     ``runs`` (default: the one other ``*.json`` file in ``data_dir``). Problems raise
-    ``ConfigError`` naming the path and the setting to fix."""
+    ``ConfigError`` naming the path and the setting to fix.
+
+    ``strict=False`` (for conformance checks) keeps going past runs that cannot be read:
+    they are left out of the tasks and listed in ``rejected`` with the reason."""
     directory = Path(data_dir)
     if not directory.is_dir():
         raise ConfigError(f"env.airline.data_dir: {directory} is not a directory; point it at the tau-bench "
@@ -98,7 +102,7 @@ def load_airline_data(data_dir: str | Path, runs: str | Path | None = None) -> A
     if not runs_path.is_file():
         raise ConfigError(f"env.airline.runs: {runs_path} is not a file; give a tau-bench runs file "
                           "(a JSON list of {task_id, trial, reward, traj, info})")
-    return _load(str(directory.resolve()), str(runs_path.resolve()))
+    return _load(str(directory.resolve()), str(runs_path.resolve()), strict)
 
 
 def _default_runs(directory: Path) -> Path:
@@ -111,48 +115,94 @@ def _default_runs(directory: Path) -> Path:
 
 
 @functools.lru_cache(maxsize=4)
-def _load(directory: str, runs_path: str) -> AirlineData:
+def _load(directory: str, runs_path: str, strict: bool = True) -> AirlineData:
     db = {name: json.loads(Path(directory, f"{name}.json").read_text(encoding="utf-8")) for name in DB_FILES}
     try:
         runs = json.loads(Path(runs_path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"env.airline.runs: {runs_path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    tasks, policy = _tasks_and_policy(runs, runs_path)
+    rejected: dict[int, str] = {}
+    tasks, policy = _tasks_and_policy(runs, runs_path, None if strict else rejected)
     if _runs_show_province(runs):
         for user in db["users"].values():
             user["address"] = {("province" if key == "state" else key): v for key, v in user["address"].items()}
     seed = pickle.dumps(db, protocol=pickle.HIGHEST_PROTOCOL)
     # the hash texts are keyed by the pickles of a fresh copy: what `data_hash` sees in an episode
-    return AirlineData(seed, tasks, policy, runs, entry_texts(pickle.loads(seed)))
+    return AirlineData(seed, tasks, policy, runs, entry_texts(pickle.loads(seed)), rejected)
 
 
 def _runs_show_province(runs: list[dict[str, Any]]) -> bool:
     """Were the runs recorded on the database before tau-bench renamed ``province`` to ``state``?"""
     return any(
-        m.get("role") == "tool" and m.get("name") == "get_user_details" and '"province": ' in (m.get("content") or "")
-        for run in runs for m in run["traj"]
+        isinstance(m, dict) and m.get("role") == "tool" and m.get("name") == "get_user_details"
+        and '"province": ' in str(m.get("content") or "")
+        for run in runs if isinstance(run, dict) and isinstance(run.get("traj"), list) for m in run["traj"]
     )
 
 
-def _tasks_and_policy(runs: Any, where: str) -> tuple[dict[str, dict[str, Any]], str]:
-    """The runs' tasks (one per task id; trials of a task must agree) and their system message."""
+def _task_problem(run: Any) -> str | None:
+    """Why ``run`` gives no usable task and policy, or None."""
+    if not isinstance(run, dict):
+        return f"is not a JSON object but {type(run).__name__}"
+    lacking = [key for key in ("task_id", "traj", "info") if key not in run]
+    if lacking:
+        return f"lacks {', '.join(lacking)}"
+    if not isinstance(run["traj"], list) or not isinstance(run["info"], dict):
+        return "has a traj that is not a list or an info that is not an object"
+    task = run["info"].get("task")
+    if not isinstance(task, dict):
+        return "lacks info.task"
+    missing = [key for key in TASK_KEYS if key not in task]
+    if missing:
+        return f"info.task lacks {', '.join(missing)}"
+    actions = task["actions"]
+    if not isinstance(actions, list) or not all(
+        isinstance(a, dict) and isinstance(a.get("name"), str) and isinstance(a.get("kwargs"), dict) for a in actions
+    ):
+        return "info.task.actions is not a list of {name, kwargs} objects"
+    if not isinstance(task["outputs"], list) or not all(isinstance(o, str) for o in task["outputs"]):
+        return "info.task.outputs is not a list of strings"
+    if not isinstance(task["instruction"], str):
+        return "info.task.instruction is not a string"
+    if not any(isinstance(m, dict) and m.get("role") == "system" and isinstance(m.get("content"), str)
+               for m in run["traj"]):
+        return "has no system message in traj"
+    return None
+
+
+def _tasks_and_policy(
+    runs: Any, where: str, rejected: dict[int, str] | None = None
+) -> tuple[dict[str, dict[str, Any]], str]:
+    """The runs' tasks (one per task id; trials of a task must agree) and their system message.
+
+    With ``rejected`` (lenient), a run that cannot be read or disagrees with an earlier one
+    is recorded there by index instead of failing the whole file."""
     if not isinstance(runs, list) or not runs:
         raise ConfigError(f"env.airline.runs: {where} must be a non-empty JSON list of tau-bench runs")
     tasks: dict[str, dict[str, Any]] = {}
-    policies = set()
+    policy: str | None = None
+
+    def refuse(number: int, problem: str) -> None:
+        if rejected is None:
+            raise ConfigError(f"env.airline.runs: {where}: run [{number}] {problem}")
+        rejected[number] = problem
+
     for number, run in enumerate(runs):
-        try:
-            task_id, task = str(run["task_id"]), run["info"]["task"]
-            policies.add(next(m["content"] for m in run["traj"] if m["role"] == "system"))
-        except (KeyError, TypeError, StopIteration):
-            raise ConfigError(f"env.airline.runs: {where}: run [{number}] lacks task_id, info.task "
-                              "or a system message in traj") from None
-        missing = [key for key in TASK_KEYS if not isinstance(task, dict) or key not in task]
-        if missing:
-            raise ConfigError(f"env.airline.runs: {where}: run [{number}]: info.task lacks {', '.join(missing)}")
+        problem = _task_problem(run)
+        if problem is not None:
+            refuse(number, problem)
+            continue
+        task_id, task = str(run["task_id"]), run["info"]["task"]
+        system = next(m["content"] for m in run["traj"] if isinstance(m, dict) and m.get("role") == "system")
+        if policy is not None and system != policy:
+            refuse(number, "has another system message than the runs before it (the policy must be one)")
+            continue
         if tasks.setdefault(task_id, task) != task:
-            raise ConfigError(f"env.airline.runs: {where}: run [{number}] gives task {task_id} another info.task")
-    if len(policies) != 1:
-        raise ConfigError(f"env.airline.runs: {where}: the runs have {len(policies)} different system messages")
+            refuse(number, f"gives task {task_id} another info.task")
+            continue
+        policy = system
+    if policy is None:
+        raise ConfigError(f"env.airline.runs: {where}: no run can be read ({len(runs)} runs; e.g. run [0] "
+                          f"{(rejected or {}).get(0, 'is unreadable')})")
     ordered = sorted(tasks, key=lambda t: (len(t), t))  # "2" before "10"
-    return {task_id: tasks[task_id] for task_id in ordered}, policies.pop()
+    return {task_id: tasks[task_id] for task_id in ordered}, policy

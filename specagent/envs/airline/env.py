@@ -61,10 +61,12 @@ class AirlineEnv:
         user: Literal["ticket", "simulated"] = "ticket",
         user_engine: ChatEngine | None = None,
         user_max_tokens: int = 256,
+        strict: bool = True,
     ) -> None:
         if user == "simulated" and user_engine is None:
             raise ValueError("AirlineEnv(user='simulated') needs a user_engine (the model that plays the user)")
-        self.data: AirlineData = load_airline_data(data_dir, runs)
+        # strict=False: runs that cannot be read are left out (see load_airline_data), for conformance checks
+        self.data: AirlineData = load_airline_data(data_dir, runs, strict=strict)
         self.user, self.user_engine, self.user_max_tokens = user, user_engine, user_max_tokens
         self._gold_hashes: dict[str, str] = {}
         self._db: Database | None = None  # reset() gives each episode a fresh one

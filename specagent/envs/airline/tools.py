@@ -1,13 +1,50 @@
 """The tau-bench airline domain's 14 tools over its database.
 
 The database is tau-bench's: ``{"flights": ..., "reservations": ..., "users": ...}`` as
-loaded from its three JSON files. Observations are what tau-bench returns, character for
-character (``json.dumps`` with its default separators, the same error texts, the same
-quirks), so that the recorded runs replay exactly; ``conformance.py`` checks it.
-A tool that refuses raises ``ToolError``; ``run_tool`` turns that, and any other
-exception, into ``"Error: ..."`` as tau-bench does. Refusals are checked before anything
-changes, so a refused call leaves the database as it was; the one exception is tau-bench's
-too: a booking that names the same certificate twice fails half-way through paying.
+loaded from its three JSON files. Observations are what tau-bench's ``Env.step`` returns,
+character for character (``json.dumps`` with its default separators, the same error texts,
+the same quirks), so that the recorded runs replay exactly; ``conformance.py`` checks it.
+
+Arguments are taken as tau-bench takes them, not checked against the schemas: tau-bench
+calls ``Tool.invoke(data=..., **arguments)`` and turns any exception into
+``"Error: {exception}"``. So each tool here does the same operations in the same order as
+tau-bench's, and a call with missing, extra or mistyped arguments gets tau-bench's answer
+and tau-bench's database effect:
+
+- missing or unknown arguments: the ``TypeError`` text Python 3.10-3.12 gives for the call
+  ``BookReservation.invoke(data=..., **arguments)`` (``binding_problem``); nothing changes.
+- a value of the wrong type fails where tau-bench's fails, with the same exception text
+  (``"Error: unhashable type: 'list'"``, ``"Error: 'flight_number'"``, ...), and before any
+  change wherever tau-bench's fails before any change.
+- a value of the wrong type that tau-bench's code never checks is stored as it is, as
+  tau-bench stores it: ``update_reservation_baggages(total_baggages="3")``,
+  ``update_reservation_passengers(passengers="ab")`` on a two-passenger reservation,
+  ``book_reservation(passengers="ab")`` (two passengers' worth of seats and fare),
+  ``send_certificate(amount="100")`` all succeed and change the database.
+
+A refused call leaves the database as it was, except where tau-bench's own call fails
+half-way: a booking that pays with the same certificate twice deletes the certificate
+(and takes any gift-card amounts listed before it) and then fails with
+``"Error: 'certificate_...'"``, with no reservation made. Tests pin that case down.
+
+Where the project does not match tau-bench, on purpose:
+
+- arguments that are not a JSON object (a list, a string, null): tau-bench cannot build
+  the action at all (its agent crashes on them); here they are an ``"Error: ..."`` and
+  nothing changes.
+- ``send_certificate`` for a user who already holds all three of tau-bench's new
+  certificate ids: tau-bench's tool returns None and ``Env.step`` fails on it (the run
+  crashes, nothing changed); here it is an ``"Error: ..."`` and nothing changes.
+- ``calculate`` refuses an integer power whose result would exceed ``MAX_POWER_BITS``
+  bits (``"Error: exponent too large"``); tau-bench's ``eval`` computes it (``9**9**9``
+  takes hours). Every other expression is evaluated by ``eval`` exactly as tau-bench does.
+- Python 3.13 appends ``". Did you mean 'user_id'?"`` to the unknown-argument text; here
+  it is the 3.10-3.12 text. Texts of other Python exceptions are this interpreter's, which
+  is what tau-bench prints on it (they differ between versions: 3.10 says "string
+  indices must be integers", 3.11 adds ", not 'str'").
+- tau-bench stores the caller's own lists in its database (a booking's ``passengers``
+  and ``payment_methods``); here a call works on a copy of its arguments. The database
+  content is the same.
 """
 
 from __future__ import annotations
@@ -15,10 +52,8 @@ from __future__ import annotations
 import ast
 import copy
 import json
-import operator
+import math
 from typing import Any, Callable
-
-from jsonschema import Draft202012Validator
 
 from specagent.core.types import ToolSpec
 
@@ -33,6 +68,18 @@ AIRPORTS = {
     "DEN": "Denver", "SEA": "Seattle", "ATL": "Atlanta", "MIA": "Miami", "BOS": "Boston", "PHX": "Phoenix",
     "IAH": "Houston", "LAS": "Las Vegas", "MCO": "Orlando", "EWR": "Newark", "CLT": "Charlotte",
     "MSP": "Minneapolis", "DTW": "Detroit", "PHL": "Philadelphia", "LGA": "LaGuardia",
+}
+MAX_POWER_BITS = 1_000_000  # calculate: the largest integer power computed (tau-bench has no limit)
+# tau-bench's tool classes, whose names its argument errors show: "BookReservation.invoke() missing ..."
+TAU_BENCH_CLASSES = {
+    "get_user_details": "GetUserDetails", "get_reservation_details": "GetReservationDetails",
+    "search_direct_flight": "SearchDirectFlight", "search_onestop_flight": "SearchOnestopFlight",
+    "list_all_airports": "ListAllAirports", "calculate": "Calculate", "think": "Think",
+    "book_reservation": "BookReservation", "cancel_reservation": "CancelReservation",
+    "update_reservation_flights": "UpdateReservationFlights",
+    "update_reservation_baggages": "UpdateReservationBaggages",
+    "update_reservation_passengers": "UpdateReservationPassengers", "send_certificate": "SendCertificate",
+    "transfer_to_human_agents": "TransferToHumanAgents",
 }
 
 
@@ -155,35 +202,39 @@ TOOL_SPECS: list[ToolSpec] = [
 
 
 # ---------------------------------------------------------------- shared pieces
+#
+# Each tool does tau-bench's operations in tau-bench's order: with arguments of the wrong
+# type, the first operation that fails is the same one, so the error text is the same, and
+# every change a tool makes comes after its last check, as in tau-bench.
 
 
 def _dump(value: Any) -> str:
     return json.dumps(value)  # tau-bench's separators (", ", ": "): observations must match the runs
 
 
-def _user(db: Database, user_id: str) -> dict[str, Any]:
-    if user_id not in db["users"]:
-        raise ToolError("user not found")
-    return db["users"][user_id]
-
-
-def _reservation(db: Database, reservation_id: str) -> dict[str, Any]:
-    if reservation_id not in db["reservations"]:
+def _reservation(db: Database, reservation_id: Any) -> dict[str, Any]:
+    if reservation_id not in db["reservations"]:  # an unhashable id fails here, as in tau-bench
         raise ToolError("reservation not found")
     return db["reservations"][reservation_id]
 
 
-def _is_available(flight: dict[str, Any], date: str) -> bool:
-    return date in flight["dates"] and flight["dates"][date]["status"] == "available"
+def _day_on(flight: dict[str, Any], date: Any) -> dict[str, Any] | None:
+    """The flight's status, seats and prices on ``date``, if it flies then and is available."""
+    if date in flight["dates"] and flight["dates"][date]["status"] == "available":
+        return flight["dates"][date]
+    return None
 
 
-def _flight_on(flight: dict[str, Any], date: str) -> dict[str, Any]:
+def _flight_on(flight: dict[str, Any], date: Any) -> dict[str, Any]:
     """A flight's fixed fields with one date's status, seats and prices."""
-    return {key: value for key, value in flight.items() if key != "dates"} | flight["dates"][date]
+    shown = {key: value for key, value in flight.items() if key != "dates"}
+    shown.update(flight["dates"][date])
+    return shown
 
 
-def _price_leg(db: Database, leg: dict[str, Any], cabin: str, seats: int) -> int:
-    """Check that ``seats`` seats of ``cabin`` can be sold on ``leg``; write its price and airports into it."""
+def _price_leg(db: Database, leg: Any, cabin: Any, passengers: Any) -> None:
+    """Check that ``len(passengers)`` seats of ``cabin`` can be sold on ``leg``; write its
+    price and airports into it (``leg`` is the caller's copy)."""
     number = leg["flight_number"]
     if number not in db["flights"]:
         raise ToolError(f"flight {number} not found")
@@ -193,15 +244,14 @@ def _price_leg(db: Database, leg: dict[str, Any], cabin: str, seats: int) -> int
     day = flight["dates"][leg["date"]]
     if day["status"] != "available":
         raise ToolError(f"flight {number} not available on date {leg['date']}")
-    if day["available_seats"][cabin] < seats:
+    if day["available_seats"][cabin] < len(passengers):
         raise ToolError(f"not enough seats on flight {number}")
     leg["price"] = day["prices"][cabin]
     leg["origin"] = flight["origin"]
     leg["destination"] = flight["destination"]
-    return leg["price"]
 
 
-def _change_payment(db: Database, reservation: dict[str, Any], payment_id: str, amount: float) -> dict[str, Any]:
+def _change_payment(db: Database, reservation: dict[str, Any], payment_id: Any, amount: Any) -> dict[str, Any]:
     """The user's payment method for a change costing ``amount``: no certificates, gift cards must cover it."""
     methods = db["users"][reservation["user_id"]]["payment_methods"]
     if payment_id not in methods:
@@ -214,9 +264,7 @@ def _change_payment(db: Database, reservation: dict[str, Any], payment_id: str, 
     return method
 
 
-def _charge_change(reservation: dict[str, Any], method: dict[str, Any], payment_id: str, amount: float) -> None:
-    if method["source"] == "gift_card":
-        method["amount"] -= amount
+def _record_change(reservation: dict[str, Any], payment_id: Any, amount: Any) -> None:
     if amount != 0:
         reservation["payment_history"].append({"payment_id": payment_id, "amount": amount})
 
@@ -224,44 +272,49 @@ def _charge_change(reservation: dict[str, Any], method: dict[str, Any], payment_
 # ---------------------------------------------------------------- read-only tools
 
 
-def get_user_details(db: Database, user_id: str) -> str:
-    return _dump(_user(db, user_id))
+def get_user_details(db: Database, user_id: Any) -> str:
+    if user_id in db["users"]:
+        return _dump(db["users"][user_id])
+    raise ToolError("user not found")
 
 
-def get_reservation_details(db: Database, reservation_id: str) -> str:
-    if reservation_id not in db["reservations"]:
-        raise ToolError("user not found")  # sic: tau-bench's text for an unknown reservation
-    return _dump(db["reservations"][reservation_id])
+def get_reservation_details(db: Database, reservation_id: Any) -> str:
+    if reservation_id in db["reservations"]:
+        return _dump(db["reservations"][reservation_id])
+    raise ToolError("user not found")  # sic: tau-bench's text for an unknown reservation
 
 
-def search_direct_flight(db: Database, origin: str, destination: str, date: str) -> str:
+def search_direct_flight(db: Database, origin: Any, destination: Any, date: Any) -> str:
     found = [
         _flight_on(flight, date)
         for flight in db["flights"].values()
-        if flight["origin"] == origin and flight["destination"] == destination and _is_available(flight, date)
+        if flight["origin"] == origin and flight["destination"] == destination and _day_on(flight, date) is not None
     ]
     return _dump(found)
 
 
-def _next_day(date: str) -> str:
+def _next_day(date: Any) -> str:
     # tau-bench's arithmetic, kept for identical results: May 2024 only, no zero padding
     # ("2024-05-09" -> "2024-05-10" but "2024-05-01" -> "2024-05-2", a date no flight has).
     return f"2024-05-{int(date[-2:]) + 1}"
 
 
-def search_onestop_flight(db: Database, origin: str, destination: str, date: str) -> str:
+def search_onestop_flight(db: Database, origin: Any, destination: Any, date: Any) -> str:
     pairs = []
     flights = db["flights"].values()
     for first in flights:
         if first["origin"] != origin:
             continue
         for second in flights:
-            if second["destination"] != destination or second["origin"] != first["destination"]:
+            if second["destination"] != destination or first["destination"] != second["origin"]:
                 continue
-            second_date = _next_day(date) if "+1" in first["scheduled_arrival_time_est"] else date
-            if first["scheduled_arrival_time_est"] > second["scheduled_departure_time_est"]:
+            arrival = first["scheduled_arrival_time_est"]
+            second_date = _next_day(date) if "+1" in arrival else date
+            if arrival > second["scheduled_departure_time_est"]:
                 continue  # tau-bench compares the clock texts, "+1" and all
-            if _is_available(first, date) and second_date in second["dates"] and _is_available(second, second_date):
+            if not (date in first["dates"] and second_date in second["dates"]):
+                continue
+            if first["dates"][date]["status"] == "available" and second["dates"][second_date]["status"] == "available":
                 # sic: the second leg shows its status, seats and prices of the first leg's date
                 pairs.append([_flight_on(first, date) | {"date": date},
                               _flight_on(second, date) | {"date": second_date}])
@@ -272,36 +325,55 @@ def list_all_airports(db: Database) -> str:
     return _dump(AIRPORTS)
 
 
-_OPERATORS: dict[type, Callable[..., Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos,
-}
-_MAX_EXPONENT = 1000  # 9**9**9 would run for ever
+_ALLOWED = "0123456789+-*/(). "
 
 
-def _evaluate(node: ast.AST) -> Any:
-    """The arithmetic the allowed characters can spell: numbers, + - * / // **, parentheses."""
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_evaluate(node.operand))
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
+def _power(base: Any, exponent: Any) -> Any:
+    """``base ** exponent``, refused where the result is an integer of over ``MAX_POWER_BITS`` bits."""
+    if type(base) is int and type(exponent) is int and exponent > 0 and abs(base) > 1:
+        if exponent * math.log2(abs(base)) > MAX_POWER_BITS:
             raise ToolError("exponent too large")
-        return _OPERATORS[type(node.op)](left, right)
-    raise ToolError("not an arithmetic expression")
+    return base ** exponent
 
 
-def calculate(db: Database, expression: str) -> str:
-    if not all(char in "0123456789+-*/(). " for char in expression):
+def _guard_powers(tree: ast.Expression) -> ast.Expression:
+    """``tree`` with each ``a ** b`` made a call of ``_power(a, b)`` (same evaluation order).
+    Children before their parents, so that powers inside powers are guarded too; iterative,
+    so that a long sum does not hit Python's recursion limit where ``eval`` would not."""
+    def guarded(child: Any) -> Any:
+        if isinstance(child, ast.BinOp) and isinstance(child.op, ast.Pow):
+            return ast.copy_location(ast.Call(ast.Name("_power", ast.Load()), [child.left, child.right], []), child)
+        return child
+
+    for node in reversed(list(ast.walk(tree))):
+        for name, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                value[:] = [guarded(item) for item in value]
+            elif guarded(value) is not value:
+                setattr(node, name, guarded(value))
+    return ast.fix_missing_locations(tree)
+
+
+def calculate(db: Database, expression: Any) -> str:
+    if not all(char in _ALLOWED for char in expression):
         raise ToolError("invalid characters in expression")
-    # eval() skips leading blanks, ast.parse does not; "<string>" gives eval's SyntaxError texts
-    tree = ast.parse(expression.lstrip(" "), "<string>", mode="eval")
-    return str(round(float(_evaluate(tree.body)), 2))
+    # tau-bench's own evaluation: eval without builtins. The allowed characters spell no
+    # name, attribute, string or subscript: only numbers, operators, parentheses, `()` and
+    # `...`. The one thing that can run away is `**`, so powers go through `_power`.
+    scope: dict[str, Any] = {"__builtins__": None}
+    if not isinstance(expression, str) or "**" not in expression:
+        value = eval(expression, scope, {})  # noqa: S307 - see above; a non-string fails as in tau-bench
+    else:
+        try:  # a syntax error here has eval's text: the same parser, the same "<string>"
+            tree = ast.parse(expression.lstrip(" "), "<string>", mode="eval")  # eval skips leading blanks
+        except (RecursionError, MemoryError):  # too deep to guard its powers: not evaluated
+            raise ToolError("expression too complex") from None
+        code = compile(_guard_powers(tree), "<string>", "eval")
+        value = eval(code, {**scope, "_power": _power}, {})  # noqa: S307
+    return str(round(float(value), 2))
 
 
-def think(db: Database, thought: str) -> str:
+def think(db: Database, thought: Any) -> str:
     return ""
 
 
@@ -309,29 +381,34 @@ def think(db: Database, thought: str) -> str:
 
 
 def book_reservation(
-    db: Database, user_id: str, origin: str, destination: str, flight_type: str, cabin: str,
-    flights: list[dict[str, Any]], passengers: list[dict[str, Any]], payment_methods: list[dict[str, Any]],
-    total_baggages: int, nonfree_baggages: int, insurance: str,
+    db: Database, user_id: Any, origin: Any, destination: Any, flight_type: Any, cabin: Any,
+    flights: Any, passengers: Any, payment_methods: Any, total_baggages: Any, nonfree_baggages: Any,
+    insurance: Any,
 ) -> str:
-    user = _user(db, user_id)
-    reservations = db["reservations"]
+    reservations, users = db["reservations"], db["users"]
+    if user_id not in users:
+        raise ToolError("user not found")
+    user = users[user_id]
     reservation_id = next((rid for rid in NEW_RESERVATION_IDS if rid not in reservations), NEW_RESERVATION_IDS[-1])
     legs = copy.deepcopy(flights)
-    total = sum(_price_leg(db, leg, cabin, len(passengers)) * len(passengers) for leg in legs)
+    total = 0
+    for leg in legs:
+        _price_leg(db, leg, cabin, passengers)
+        total += leg["price"] * len(passengers)
     if insurance == "yes":
         total += 30 * len(passengers)
     total += 50 * nonfree_baggages
     for payment in payment_methods:
-        payment_id = payment["payment_id"]
+        payment_id, amount = payment["payment_id"], payment["amount"]
         if payment_id not in user["payment_methods"]:
             raise ToolError(f"payment method {payment_id} not found")
         method = user["payment_methods"][payment_id]
-        if method["source"] in ("gift_card", "certificate") and method["amount"] < payment["amount"]:
+        if method["source"] in ("gift_card", "certificate") and method["amount"] < amount:
             raise ToolError(f"not enough balance in payment method {payment_id}")
     paid = sum(payment["amount"] for payment in payment_methods)
     if paid != total:
         raise ToolError(f"payment amount does not add up, total price is {total}, but paid {paid}")
-    for payment in payment_methods:
+    for payment in payment_methods:  # tau-bench's only change before a possible failure (see the docstring)
         method = user["payment_methods"][payment["payment_id"]]
         if method["source"] == "gift_card":
             method["amount"] -= payment["amount"]
@@ -348,52 +425,55 @@ def book_reservation(
     return _dump(reservation)
 
 
-def cancel_reservation(db: Database, reservation_id: str) -> str:
+def cancel_reservation(db: Database, reservation_id: Any) -> str:
     reservation = _reservation(db, reservation_id)
-    history = reservation["payment_history"]
-    history.extend([{"payment_id": p["payment_id"], "amount": -p["amount"]} for p in history])
+    refunds = [{"payment_id": p["payment_id"], "amount": -p["amount"]} for p in reservation["payment_history"]]
+    reservation["payment_history"].extend(refunds)
     reservation["status"] = "cancelled"
     return _dump(reservation)
 
 
-def update_reservation_flights(
-    db: Database, reservation_id: str, cabin: str, flights: list[dict[str, Any]], payment_id: str
-) -> str:
+def update_reservation_flights(db: Database, reservation_id: Any, cabin: Any, flights: Any, payment_id: Any) -> str:
     reservation = _reservation(db, reservation_id)
-    seats = len(reservation["passengers"])
-    legs = copy.deepcopy(flights)
     total = 0
+    legs = copy.deepcopy(flights)
     for leg in legs:
-        kept = next((
+        kept = [  # an unchanged flight (same number, date and cabin) keeps the price it was bought at
             old for old in reservation["flights"]
             if old["flight_number"] == leg["flight_number"] and old["date"] == leg["date"]
             and cabin == reservation["cabin"]
-        ), None)
-        if kept is None:
-            total += _price_leg(db, leg, cabin, seats) * seats
-        else:  # an unchanged flight keeps the price it was bought at
-            leg["price"], leg["origin"], leg["destination"] = kept["price"], kept["origin"], kept["destination"]
-            total += kept["price"] * seats
-    total -= sum(old["price"] for old in reservation["flights"]) * seats
+        ]
+        if kept:
+            total += kept[0]["price"] * len(reservation["passengers"])
+            old = kept[0]
+            leg["price"], leg["origin"], leg["destination"] = old["price"], old["origin"], old["destination"]
+            continue
+        _price_leg(db, leg, cabin, reservation["passengers"])
+        total += leg["price"] * len(reservation["passengers"])
+    total -= sum(old["price"] for old in reservation["flights"]) * len(reservation["passengers"])
     method = _change_payment(db, reservation, payment_id, total)
+    if method["source"] == "gift_card":
+        method["amount"] -= total
     reservation["flights"] = legs  # seat counts are not updated (as in tau-bench)
-    _charge_change(reservation, method, payment_id, total)
+    _record_change(reservation, payment_id, total)
     return _dump(reservation)
 
 
 def update_reservation_baggages(
-    db: Database, reservation_id: str, total_baggages: int, nonfree_baggages: int, payment_id: str
+    db: Database, reservation_id: Any, total_baggages: Any, nonfree_baggages: Any, payment_id: Any
 ) -> str:
     reservation = _reservation(db, reservation_id)
     cost = 50 * max(0, nonfree_baggages - reservation["nonfree_baggages"])
     method = _change_payment(db, reservation, payment_id, cost)
-    reservation["total_baggages"] = total_baggages
+    reservation["total_baggages"] = total_baggages  # never checked by tau-bench: stored as given
     reservation["nonfree_baggages"] = nonfree_baggages
-    _charge_change(reservation, method, payment_id, cost)
+    if method["source"] == "gift_card":
+        method["amount"] -= cost
+    _record_change(reservation, payment_id, cost)
     return _dump(reservation)
 
 
-def update_reservation_passengers(db: Database, reservation_id: str, passengers: list[dict[str, Any]]) -> str:
+def update_reservation_passengers(db: Database, reservation_id: Any, passengers: Any) -> str:
     reservation = _reservation(db, reservation_id)
     if len(passengers) != len(reservation["passengers"]):
         raise ToolError("number of passengers does not match")
@@ -401,16 +481,18 @@ def update_reservation_passengers(db: Database, reservation_id: str, passengers:
     return _dump(reservation)
 
 
-def send_certificate(db: Database, user_id: str, amount: float) -> str:
-    methods = _user(db, user_id)["payment_methods"]
+def send_certificate(db: Database, user_id: Any, amount: Any) -> str:
+    if user_id not in db["users"]:
+        raise ToolError("user not found")
+    methods = db["users"][user_id]["payment_methods"]
     payment_id = next((pid for pid in NEW_CERTIFICATE_IDS if pid not in methods), None)
-    if payment_id is None:  # tau-bench returns nothing here; a text says why
+    if payment_id is None:  # tau-bench returns None here and its Env.step fails on it; a text says why
         raise ToolError(f"user {user_id} already holds certificates {', '.join(NEW_CERTIFICATE_IDS)}")
     methods[payment_id] = {"source": "certificate", "amount": amount, "id": payment_id}
     return f"Certificate {payment_id} added to user {user_id} with amount {amount}."
 
 
-def transfer_to_human_agents(db: Database, summary: str) -> str:
+def transfer_to_human_agents(db: Database, summary: Any) -> str:
     return "Transfer successful"
 
 
@@ -422,26 +504,51 @@ TOOL_FUNCTIONS: dict[str, Callable[..., str]] = {
         update_reservation_baggages, update_reservation_passengers, send_certificate, transfer_to_human_agents,
     )
 }
-_VALIDATORS = {spec.name: Draft202012Validator(spec.parameters) for spec in TOOL_SPECS}
+# tau-bench's parameters of each tool, in order (after its `data`): the same names as here
+PARAMETERS: dict[str, tuple[str, ...]] = {
+    name: fn.__code__.co_varnames[1:fn.__code__.co_argcount] for name, fn in TOOL_FUNCTIONS.items()
+}
 
 
-def argument_problem(name: str, arguments: Any) -> str | None:
-    """Why ``arguments`` do not fit the tool's schema (or name arguments it has not), or None."""
-    error = next(iter(_VALIDATORS[name].iter_errors(arguments)), None)
-    if error is not None:
-        where = "/".join(str(part) for part in error.absolute_path)
-        return f"{where}: {error.message}" if where else error.message
-    unexpected = sorted(set(arguments) - set(_VALIDATORS[name].schema["properties"]))
-    return f"unexpected argument(s) {', '.join(unexpected)}" if unexpected else None
+def _names(names: list[str]) -> str:
+    """Python's list of argument names: 'a'; 'a' and 'b'; 'a', 'b', and 'c'."""
+    quoted = [f"'{name}'" for name in names]
+    if len(quoted) <= 2:
+        return " and ".join(quoted)
+    return ", ".join(quoted[:-1]) + ", and " + quoted[-1]
+
+
+def binding_problem(name: str, arguments: dict[str, Any]) -> str | None:
+    """The ``TypeError`` text of tau-bench's ``invoke(data=..., **arguments)`` for arguments
+    it cannot take (Python 3.10-3.12's wording), or None.
+
+    Python checks, in this order: ``data`` given twice (at the call, so the message names
+    the function with its module), then the first argument in ``arguments``' order that
+    the function has not, then every missing argument in the function's order."""
+    tau_class, parameters = TAU_BENCH_CLASSES[name], PARAMETERS[name]
+    if "data" in arguments:
+        return (f"tau_bench.envs.airline.tools.{name}.{tau_class}.invoke() "
+                "got multiple values for keyword argument 'data'")
+    unexpected = next((key for key in arguments if key not in parameters), None)
+    if unexpected is not None:
+        return f"{tau_class}.invoke() got an unexpected keyword argument '{unexpected}'"
+    missing = [parameter for parameter in parameters if parameter not in arguments]
+    if missing:
+        plural = "s" if len(missing) > 1 else ""
+        return f"{tau_class}.invoke() missing {len(missing)} required positional argument{plural}: {_names(missing)}"
+    return None
 
 
 def run_tool(db: Database, name: str, arguments: Any) -> str:
-    """Execute one call against ``db``. Never raises: problems come back as "Error: ..."."""
+    """Execute one call against ``db`` as tau-bench's ``Env.step`` does. Never raises:
+    problems come back as "Error: ..."."""
     if name not in TOOL_FUNCTIONS:
         return f"Unknown action {name}"  # tau-bench's text
-    problem = argument_problem(name, arguments)
+    if not isinstance(arguments, dict):  # tau-bench cannot even make the action (see the docstring)
+        return f"Error: the arguments of {name} must be a JSON object, not {type(arguments).__name__}"
+    problem = binding_problem(name, arguments)
     if problem is not None:
-        return f"Error: invalid arguments for {name}: {problem}"
+        return f"Error: {problem}"
     try:
         # a copy: the database must not share lists with the caller's message history
         return TOOL_FUNCTIONS[name](db, **copy.deepcopy(arguments))
