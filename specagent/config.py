@@ -412,7 +412,9 @@ class AcceptanceSettings(Strict):
 class DrafterTrainConfig(Strict):
     """`specagent train drafter`: LoRA SFT of the weak model on the mined `drafter` dataset."""
 
-    dataset: str  # the `drafter` DatasetDict of a `specagent mine` output dir
+    # the `drafter` DatasetDict of a `specagent mine` output dir, or trajectories.jsonl file(s)
+    # (`specagent collect` / `import`; a list is concatenated): every trajectory a training row
+    dataset: str | list[str]
     model: str = "smollm2"  # hub id, local dir, .gguf path, or the `smollm2` alias
     gguf_file: Optional[str] = None
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
@@ -421,7 +423,13 @@ class DrafterTrainConfig(Strict):
     max_length: Optional[int] = Field(2048, gt=0)  # tokens per example (the start is kept: system prompt, tools)
     min_reward: Optional[float] = None  # keep only trajectories with reward >= this (unknown reward: dropped)
     limit: Optional[int] = Field(None, gt=0)  # the first N training rows (smoke runs)
-    lora: LoraSettings = Field(default_factory=LoraSettings)
+    # how rows show tools and policy (engines/render.py PROFILES: full, signatures, compact, bare); saved
+    # with the adapter, so the runtime serves it the same way. None: the base model's own (full if none)
+    prompt_profile: Optional[Literal["full", "signatures", "compact", "bare"]] = None
+    # derive the drafter from `model` itself: keep its first k decoder layers and its LM head (self-speculative,
+    # as LayerSkip / Kangaroo); the output is then a full checkpoint in output_dir/model (a LoRA merged into it)
+    from_layers: Optional[int] = Field(None, gt=0)
+    lora: Optional[LoraSettings] = Field(default_factory=LoraSettings)  # null: full fine-tuning
     train: OptimSettings = Field(default_factory=OptimSettings)
     acceptance: Optional[AcceptanceSettings] = None
 

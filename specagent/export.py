@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,7 +29,7 @@ import yaml
 from specagent.core.errors import ConfigError, SpecAgentError
 from specagent.core.interfaces import ChatRequest, ScoreRequest
 from specagent.core.types import Message, ToolSpec
-from specagent.engines.render import render_prompt
+from specagent.engines.render import PromptProfile, render_prompt
 from specagent.engines.verdict_head import HEAD_FILE, HeadSpec, boundary_positions, probability
 from specagent.train.verdict_metrics import accepted_prefix
 
@@ -74,9 +74,12 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     adapter, checkpoint = run_dir / "adapter", (run_dir / "trainer_state.json").is_file()
     if checkpoint:
         adapter, run_dir = run_dir, run_dir.parent
-    if not (adapter / "adapter_config.json").is_file():
-        raise ConfigError(f"{run_dir}: no trained adapter (expected {adapter}/adapter_config.json from "
-                          "`specagent train drafter|verdict`, or a checkpoint-N dir)")
+    elif (run_dir / "model" / "config.json").is_file():  # a full checkpoint: full fine-tuning or from_layers
+        adapter = run_dir / "model"
+    full = not (adapter / "adapter_config.json").is_file() and (adapter / "config.json").is_file()
+    if not full and not (adapter / "adapter_config.json").is_file():
+        raise ConfigError(f"{run_dir}: no trained adapter or model (expected {adapter}/adapter_config.json, or "
+                          f"{run_dir}/model/config.json, from `specagent train drafter|verdict`, or a checkpoint-N dir)")
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
     kind = "drafter"
     if (adapter / HEAD_FILE).is_file():
@@ -88,7 +91,8 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         state = load(adapter / "trainer_state.json")
         metrics = {"checkpoint": adapter.name, "global_step": state.get("global_step"),
                    "log_history": state.get("log_history", [])[-3:]}
-    return {"kind": kind, "adapter": adapter, "config": config, "metrics": metrics,
+    profile = PromptProfile.load(adapter if PromptProfile.saved_in(adapter) else run_dir)
+    return {"kind": kind, "adapter": adapter, "full": full, "config": config, "metrics": metrics, "profile": profile,
             "versions": load(run_dir / "versions.json"), "lora": load(adapter / "adapter_config.json")}
 
 
@@ -96,6 +100,10 @@ def sample_row(dataset: str | None) -> dict[str, Any]:
     """A validation example (else a training one) of the dataset the adapter was trained on."""
     from datasets import load_from_disk
 
+    if isinstance(dataset, list) or (dataset or "").endswith(".jsonl"):  # trajectories files: the first run
+        from specagent.train.drafter import trajectory_rows
+
+        return trajectory_rows(dataset)[0]
     if not dataset or not Path(dataset).exists():
         raise ConfigError(f"smoke gate: the training dataset {dataset!r} is not on disk; it supplies the smoke "
                           "example (or pass --skip-smoke)")
@@ -125,8 +133,8 @@ def _logprobs(scores: Any, what: str) -> list[list[float]]:
 def prompt_probe(request: ChatRequest, width: int = 16) -> Probe:
     """Log-probabilities of the prompt's own next tokens at its last ``width`` positions."""
     def probe(engine: Any, adapter: str | None) -> list[list[float]]:
-        ids = engine.tokenizer(render_prompt(engine.tokenizer, request.messages, request.tools),
-                               add_special_tokens=False)["input_ids"]
+        text = render_prompt(engine.tokenizer, request.messages, request.tools, profile=engine.profile_for(adapter))
+        ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
         positions = list(range(max(0, len(ids) - width - 1), len(ids) - 1))
         candidates = sorted({ids[p + 1] for p in positions})
         return engine.score([ScoreRequest(ids, positions, candidates, adapter)])[0].logprobs
@@ -138,7 +146,8 @@ def head_probe(row: dict[str, Any], spec: HeadSpec) -> Probe:
     def probe(engine: Any, adapter: str | None) -> list[list[float]]:
         messages = [Message.from_openai(m) for m in row["messages"]]
         tools = [ToolSpec.from_openai(t) for t in row["tools"]]
-        ids, positions = boundary_positions(engine.tokenizer, messages, tools, row["step_message_indices"])
+        ids, positions = boundary_positions(engine.tokenizer, messages, tools, row["step_message_indices"],
+                                            spec.boundary, engine.profile_for(adapter))
         scores = engine.score([ScoreRequest(ids, positions, spec.token_ids(engine.tokenizer), adapter)])[0]
         return _logprobs(scores, "yes/no") if adapter is not None else scores.logprobs
     return probe
@@ -196,14 +205,19 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
     base_dir = materialize(base_model, gguf)
     work = out.with_name(out.name + ".partial")
     shutil.rmtree(work, ignore_errors=True)
-    shutil.copytree(run["adapter"], work / "adapter", ignore=shutil.ignore_patterns(*TRAINER_STATE))
+    weights = work / ("model" if run["full"] else "adapter")
+    shutil.copytree(run["adapter"], weights, ignore=shutil.ignore_patterns(*TRAINER_STATE))
+    run["profile"].save(weights)  # the engines render its prompts with it
+    if merge_model and run["full"]:
+        raise ConfigError("--merge: this run trained a full model (model/); there is no adapter to merge")
     if merge_model:
         print("merging the adapter into the base weights ...")
         merge(base_dir, work / "adapter", work / "merged")
+        run["profile"].save(work / "merged")
     manifest: dict[str, Any] = {
         "format": EXPORT_FORMAT, "kind": run["kind"], "base_model": base_model, "base_dir": base_dir,
-        "source": str(run_dir.resolve()), "lora_rank": run["lora"].get("r"),
-        "merged": merge_model, "metrics": run["metrics"], "versions": versions(), "trained_with": run["versions"],
+        "source": str(run_dir.resolve()), "lora_rank": run["lora"].get("r"), "full_model": run["full"],
+        "merged": merge_model, "prompt_profile": asdict(run["profile"]), "metrics": run["metrics"], "versions": versions(), "trained_with": run["versions"],
     }
     (work / "vllm.json").write_text(json.dumps(serving_recipe(base_dir, manifest), indent=2))
     if smoke:
@@ -219,6 +233,8 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
 def smoke_gate(run: dict[str, Any], work: Path, base_dir: str, factory: EngineFactory, max_model_len: int,
                backend: str) -> dict[str, Any]:
     row = sample_row(run["config"].get("dataset"))
+    if run["full"]:
+        return full_model_gate(run, work, base_dir, factory, max_model_len, backend, row)
     adapter_dir = str((work / "adapter").resolve())
     try:
         engine = factory(base_dir, {ADAPTER_NAME: adapter_dir}, max_model_len)
@@ -247,8 +263,42 @@ def smoke_gate(run: dict[str, Any], work: Path, base_dir: str, factory: EngineFa
     return result
 
 
+def full_model_gate(run: dict[str, Any], work: Path, base_dir: str, factory: EngineFactory, max_model_len: int,
+                    backend: str, row: dict[str, Any]) -> dict[str, Any]:
+    """A full checkpoint (e.g. a drafter cut from the strong model): it loads, drafts, and
+    differs from the model it was trained from."""
+    model = str((work / "model").resolve())
+    try:
+        engine = factory(model, {}, max_model_len)
+    except Exception as exc:  # noqa: BLE001 - any load failure fails the gate, with its cause
+        raise SmokeGateFailed(f"smoke gate: {backend} could not load the model {model}: {exc}") from exc
+    request = first_turn_request(row)
+    try:
+        draft = engine.chat([request])[0]
+        tuned = prompt_probe(request)(engine, None)
+        result = {"round": "draft", "text": draft.text[:400], "tool_calls": [c.name for c in draft.message.tool_calls],
+                  "malformed": draft.malformed, "decoded_tokens": draft.usage.completion_tokens,
+                  "weight_bytes": engine.cost.weight_bytes}
+    finally:
+        getattr(engine, "close", lambda: None)()
+    source = factory(base_dir, {}, max_model_len)
+    try:
+        result["max_logprob_change"] = max_diff(tuned, prompt_probe(request)(source, None))
+        result["source_weight_bytes"] = source.cost.weight_bytes
+    finally:
+        getattr(source, "close", lambda: None)()
+    if result["max_logprob_change"] < CHANGED:
+        raise SmokeGateFailed("smoke gate: the model scores exactly like the one it was trained from; was it trained?")
+    result["backend"] = backend
+    print("smoke gate: " + json.dumps(result, default=str))
+    return result
+
+
 def serving_recipe(base_dir: str, manifest: dict[str, Any]) -> dict[str, Any]:
     name = "drafter" if manifest["kind"] == "drafter" else "verdict"
+    if manifest["full_model"]:
+        return {"model": "model", "server": "python -m vllm.entrypoints.openai.api_server --model <export dir>/model",
+                "specagent": {"weak": {"backend": "vllm", "model": "<export dir>/model"}}, "merged": None}
     return {
         "base_model": base_dir, "lora_name": name, "lora_path": "adapter", "max_lora_rank": manifest["lora_rank"],
         "server": (f"python -m vllm.entrypoints.openai.api_server --model {base_dir} --enable-lora "
@@ -263,7 +313,8 @@ def serving_recipe(base_dir: str, manifest: dict[str, Any]) -> dict[str, Any]:
 def model_card(manifest: dict[str, Any], run: dict[str, Any]) -> str:
     """README.md of the export."""
     config, metrics, smoke = run["config"], manifest["metrics"], manifest.get("smoke")
-    dataset = Path(config.get("dataset", "")).parent
+    source = config.get("dataset") or ""
+    dataset = Path(source[0] if isinstance(source, list) else source).parent
     data_card = (dataset / "README.md").read_text().strip() if (dataset / "README.md").is_file() else "(not found)"
     shown = {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}
     validation = metrics.get("calibrated") or metrics.get("validation") or {}
@@ -271,8 +322,10 @@ def model_card(manifest: dict[str, Any], run: dict[str, Any]) -> str:
     lines = [
         f"# specagent export: {manifest['kind']}", "",
         f"- base model: `{manifest['base_model']}` (`{manifest['base_dir']}`)",
-        f"- LoRA rank {manifest['lora_rank']}; adapter in `adapter/`"
-        + ("; merged checkpoint in `merged/`" if manifest["merged"] else ""),
+        ("- a full checkpoint in `model/`" if manifest["full_model"] else
+         f"- LoRA rank {manifest['lora_rank']}; adapter in `adapter/`"
+         + ("; merged checkpoint in `merged/`" if manifest["merged"] else "")),
+        f"- prompt profile `{manifest['prompt_profile']['name']}` (saved with the weights; the engines apply it)",
         f"- trained from `{manifest['source']}`",
         f"- specagent git SHA `{versions.get('git_sha')}`; " + ", ".join(
             f"{k} {v}" for k, v in versions.items() if k != "git_sha"),

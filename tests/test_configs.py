@@ -17,7 +17,9 @@ RUN_CONFIGS = sorted((ROOT / "configs" / "run").glob("*.yaml"))
 IMPORT_CONFIGS = sorted((ROOT / "configs" / "import").glob("*.yaml"))
 MINE_CONFIGS = sorted((ROOT / "configs" / "mine").glob("*.yaml"))
 COLLECT_CONFIGS = sorted((ROOT / "configs" / "collect").glob("*.yaml"))
-TRAIN_DRAFTER_CONFIGS = sorted((ROOT / "configs" / "train" / "drafter").glob("*.yaml"))
+# configs/train/strong: the strong expert S, trained by `specagent train drafter` (the same SFT recipe)
+TRAIN_DRAFTER_CONFIGS = sorted([*(ROOT / "configs" / "train" / "drafter").glob("*.yaml"),
+                                *(ROOT / "configs" / "train" / "strong").glob("*.yaml")])
 TRAIN_VERDICT_CONFIGS = sorted((ROOT / "configs" / "train" / "verdict").glob("*.yaml"))
 # configs/accelerate/*.yaml are accelerate's own files, loaded in tests/train/test_train_configs.py
 ACCELERATE_CONFIGS = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))

@@ -6,8 +6,8 @@ structurally; the core never imports them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from specagent.core.types import Message, Segment, ToolCall, ToolSpec, Usage, Verdict
 
@@ -18,11 +18,18 @@ class ModelCost:
 
     Used for the memory-traffic estimate of DESIGN §3. ``prefill_chunk`` is the number
     of prompt tokens one prefill pass processes (engines prefill long prompts in chunks).
+    ``adapter_bytes``: the extra weight bytes a pass through each LoRA adapter reads.
     """
 
     weight_bytes: int
     kv_bytes_per_token: int
     prefill_chunk: int = 8192
+    adapter_bytes: Mapping[str, int] = field(default_factory=dict)
+
+    def for_adapter(self, adapter: str | None) -> "ModelCost":
+        """The cost of a pass through ``adapter`` (None: the base weights)."""
+        extra = self.adapter_bytes.get(adapter, 0) if adapter else 0
+        return replace(self, weight_bytes=self.weight_bytes + extra) if extra else self
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,10 @@ class TokenScorer(Protocol):
     tokenizer: Any
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scores]: ...
+
+    def profile_for(self, adapter: str | None) -> Any:
+        """The prompt profile (``engines.render.PromptProfile``) prompts on ``adapter`` are rendered with."""
+        ...
 
 
 @runtime_checkable

@@ -236,7 +236,7 @@ class EpisodeRunner:
         try:
             verdict, usages = self.models.verifier.verify(ep.messages, self.tools, segment)
             for model, usage in usages:
-                ep.ledger.record(model, "verdict", usage, self._engine(model).cost)
+                ep.ledger.record(model, "verdict", usage, self._engine(model).cost.for_adapter(self._adapter(model)))
         except Exception as err:
             verdict, why = None, f"the verifier raised {type(err).__name__}: {err}"
         else:
@@ -251,7 +251,7 @@ class EpisodeRunner:
         """DRAFT: read-only steps are executed now; the first other step ends the draft."""
         budget = min(self.config.max_draft_steps, self.config.max_steps - self._committed())
         job = DraftJob(self.episode.messages, self._execute, budget=max(budget, 1))
-        cost = self.models.weak.cost
+        cost = self.models.weak.cost.for_adapter(self.models.weak_adapter)
 
         def record(usage: Usage) -> None:
             self.episode.ledger.record("weak", "draft", usage, cost)
@@ -262,13 +262,16 @@ class EpisodeRunner:
     def _engine(self, model: str) -> ChatEngine:
         return self.models.strong if model == "strong" else self.models.weak
 
+    def _adapter(self, model: str) -> str | None:
+        return self.models.strong_adapter if model == "strong" else self.models.weak_adapter
+
     def _generate(self, model: str, role: str, context: Sequence[Message]) -> Completion:
         """One step from `model`, with call ids fixed by position so runs compare byte for byte."""
-        adapter = self.models.strong_adapter if model == "strong" else self.models.weak_adapter
+        adapter = self._adapter(model)
         engine = self._engine(model)
         request = ChatRequest(list(context), self.tools, self.config.max_tokens, adapter)
         completion = engine.chat([request])[0]
-        self.episode.ledger.record(model, role, completion.usage, engine.cost)
+        self.episode.ledger.record(model, role, completion.usage, engine.cost.for_adapter(adapter))
         return replace(completion, message=assign_call_ids(completion.message, len(context)))
 
     def _commit(

@@ -102,11 +102,14 @@ def collect_from_config(cfg: CollectConfig) -> Path:
         pool.close()
     read_only = classify_tools(env.tool_specs(), cfg.env.read_only, cfg.env.write)
     tools = [replace(spec, read_only=read_only[spec.name]) for spec in env.tool_specs()]
+    # the user mode is part of the id: the same task played by another user is another run
+    name = env.name if cfg.env.user == "ticket" else f"{env.name}-{cfg.env.user}"
     trajectories = [
         Trajectory(
-            id=f"{env.name}:{r['task_id']}:{r['trial']}", task_id=str(r["task_id"]), tools=tools,
+            id=f"{name}:{r['task_id']}:{r['trial']}", task_id=str(r["task_id"]), tools=tools,
             messages=[Message.from_openai(m) for m in r["messages"]], reward=r["reward"],
-            source=f"collect:{env.name}", model=r["models"].get("strong", ""), meta={"stop_reason": r["stop_reason"]},
+            source=f"collect:{env.name}", model=r["models"].get("strong", ""),
+            meta={"stop_reason": r["stop_reason"], "user": cfg.env.user},
         )
         for r in records if cfg.min_reward is None or r["reward"] >= cfg.min_reward
     ]

@@ -116,7 +116,6 @@ class BatchingEngine:
     ) -> None:
         self.engine = engine
         self.model_name = engine.model_name
-        self.cost = engine.cost
         self.group = group or CallerGroup()
         self.window_s = window_s
         self.max_batch = max_batch
@@ -124,6 +123,10 @@ class BatchingEngine:
         self._worker: threading.Thread | None = None
         self._free_since = 0.0  # when the last engine call ended (worker only)
         self._stats = BatchStats()
+
+    @property
+    def cost(self) -> Any:
+        return self.engine.cost  # read through: adapters registered later add their bytes
 
     @property
     def stats(self) -> BatchStats:

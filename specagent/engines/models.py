@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
+import struct
 from pathlib import Path
+from typing import Sequence
 
 SMOLLM2_ALIAS = "smollm2"
 
@@ -73,3 +76,23 @@ def materialize(model: str, gguf_file: str | None = None) -> str:
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
     return str(out)
+
+
+def adapter_parameters(adapter_dir: str | Path) -> int:
+    """Parameters of a peft adapter (its safetensors headers; no weights read)."""
+    return sum(product(shape) for file in sorted(Path(adapter_dir).glob("*.safetensors"))
+               for shape in safetensors_shapes(file).values())
+
+
+def safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    return {name: entry["shape"] for name, entry in header.items() if name != "__metadata__"}
+
+
+def product(shape: Sequence[int]) -> int:
+    out = 1
+    for dim in shape:
+        out *= dim
+    return out

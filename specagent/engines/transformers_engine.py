@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
@@ -21,8 +21,8 @@ from specagent.core.errors import ContextLengthExceeded, EngineError
 from specagent.core.interfaces import ChatRequest, Completion, ModelCost, ScoreRequest, Scores
 from specagent.core.toolcalls import parse_assistant_text
 from specagent.core.types import Usage
-from specagent.engines.models import materialize
-from specagent.engines.render import render_prompt
+from specagent.engines.models import adapter_parameters, materialize
+from specagent.engines.render import FULL, PromptProfile, render_prompt
 
 STOP_TOKEN = "<|im_end|>"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,7 +66,7 @@ class TransformersEngine:
         tokenizer = AutoTokenizer.from_pretrained(path)
         net = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
         self._setup(net, tokenizer, adapters, temperature, top_p, seed, max_model_len, batch_size,
-                    model_name or model, threads)
+                    model_name or model, threads, PromptProfile.load(path))
 
     @classmethod
     def from_model(
@@ -85,11 +85,11 @@ class TransformersEngine:
         """Wrap a model already in memory (tests: tiny random models). Adapters are injected in place."""
         engine = cls.__new__(cls)
         engine._setup(model, tokenizer, adapters, temperature, top_p, seed, max_model_len, batch_size, model_name,
-                      threads)
+                      threads, FULL)
         return engine
 
     def _setup(self, net, tokenizer, adapters, temperature, top_p, seed, max_model_len, batch_size, model_name,
-               threads):
+               threads, profile):
         # torch sizes its pool by the host's cores; stay within the cores this process may use.
         # On a box shared with another busy process, threads=1 decodes far faster (OpenMP spin-waits).
         torch.set_num_threads(threads or max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0)))))
@@ -105,6 +105,7 @@ class TransformersEngine:
         self._stop_ids = stop_token_ids(net, tokenizer)
         self._pad_id = next(i for i in (tokenizer.pad_token_id, *sorted(self._stop_ids), 0) if i is not None)
         self.adapters: dict[str, str] = {}
+        self.profiles: dict[str | None, PromptProfile] = {None: profile}  # the base weights' and each adapter's
         self.model = net
         for name, path in (adapters or {}).items():
             self._load_adapter(name, path)
@@ -118,6 +119,13 @@ class TransformersEngine:
             self.model.load_adapter(path, adapter_name=name)
         self.model.eval()
         self.adapters[name] = path
+        extra = adapter_parameters(path) * next(self.model.parameters()).element_size()
+        self.cost = replace(self.cost, adapter_bytes={**self.cost.adapter_bytes, name: extra})
+        self.profiles[name] = PromptProfile.load(path) if PromptProfile.saved_in(path) else self.profiles[None]
+
+    def profile_for(self, adapter: str | None) -> PromptProfile:
+        """The prompt profile requests on `adapter` (None: the base weights) are rendered with."""
+        return self.profiles.get(adapter, self.profiles[None])
 
     def chat(self, requests: Sequence[ChatRequest]) -> list[Completion]:
         """Answer every request; requests sharing an adapter are generated together in batches."""
@@ -173,7 +181,7 @@ class TransformersEngine:
         return logprobs.tolist()
 
     def _prompt_ids(self, request: ChatRequest) -> list[int]:
-        text = render_prompt(self.tokenizer, request.messages, request.tools)
+        text = render_prompt(self.tokenizer, request.messages, request.tools, profile=self.profile_for(request.adapter))
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) + request.max_tokens > self.max_model_len:
             raise ContextLengthExceeded(

@@ -28,7 +28,7 @@ from specagent.core.errors import ConfigError
 from specagent.core.interfaces import ScoreRequest, TokenScorer
 from specagent.core.types import DraftedStep, Message, Segment, ToolSpec, Usage, Verdict
 from specagent.core.verify import verify_messages
-from specagent.engines.render import render_prompt
+from specagent.engines.render import FULL, PromptProfile, render_prompt
 from specagent.train.verdict_metrics import accepted_prefix
 
 HEAD_FILE = "verdict.json"
@@ -86,13 +86,14 @@ def step_message_indices(context_len: int, steps: Sequence[DraftedStep]) -> list
 
 
 def boundary_positions(tokenizer: Any, messages: Sequence[Message], tools: Sequence[ToolSpec],
-                       step_indices: Sequence[int], boundary: str = "<|im_end|>") -> tuple[list[int], list[int]]:
+                       step_indices: Sequence[int], boundary: str = "<|im_end|>",
+                       profile: PromptProfile = FULL) -> tuple[list[int], list[int]]:
     """(token ids of the whole verify prompt, position of the token closing each step)."""
-    ids = tokenizer(render_prompt(tokenizer, messages, tools), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(render_prompt(tokenizer, messages, tools, profile=profile), add_special_tokens=False)["input_ids"]
     end_id = tokenizer.convert_tokens_to_ids(boundary)
     positions = []
     for index in step_indices:
-        prefix = render_prompt(tokenizer, messages[: index + 1], tools, add_generation_prompt=False)
+        prefix = render_prompt(tokenizer, messages[: index + 1], tools, add_generation_prompt=False, profile=profile)
         n = len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
         positions.append(max(i for i in range(n) if ids[i] == end_id))
     return ids, positions
@@ -118,8 +119,9 @@ class HeadVerifier:
     def probabilities(self, context: Sequence[Message], tools: Sequence[ToolSpec],
                       steps: Sequence[DraftedStep]) -> tuple[list[float], Usage, int]:
         messages = verify_messages(context, steps)
+        profile = self.engine.profile_for(self.adapter)
         ids, positions = boundary_positions(self.engine.tokenizer, messages, tools,
-                                            step_message_indices(len(context), steps), self.spec.boundary)
+                                            step_message_indices(len(context), steps), self.spec.boundary, profile)
         scores = self.engine.score([ScoreRequest(ids, positions, self.candidates, self.adapter)])[0]
         return [probability(y, n) for y, n in scores.logprobs], scores.usage, scores.estimated
 

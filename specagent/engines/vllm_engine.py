@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,8 +18,8 @@ from specagent.core.errors import ContextLengthExceeded, EngineError, EngineUnav
 from specagent.core.interfaces import ChatRequest, Completion, ModelCost, ScoreRequest, Scores
 from specagent.core.toolcalls import parse_assistant_text
 from specagent.core.types import Usage
-from specagent.engines.models import materialize
-from specagent.engines.render import render_prompt
+from specagent.engines.models import adapter_parameters, materialize, product, safetensors_shapes
+from specagent.engines.render import PromptProfile, render_prompt
 
 STOP_TOKEN = "<|im_end|>"
 
@@ -75,9 +74,12 @@ class VLLMEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(kwargs.get("tokenizer") or self.model_dir)
         self._stop_ids = sorted(_stop_token_ids(self.tokenizer))
         self._loras: dict[str, Any] = {}
+        self.profiles: dict[str | None, PromptProfile] = {None: PromptProfile.load(self.model_dir)}
         for name, path in (adapters or {}).items():
             self._register_adapter(name, path)
         self.cost = engine_cost(self.llm, self.model_dir)
+        for name, path in self.adapters.items():
+            self._count_adapter(name, path)
 
     @property
     def adapters(self) -> dict[str, str]:
@@ -153,7 +155,7 @@ class VLLMEngine:
         self.close()
 
     def _prompt_ids(self, request: ChatRequest) -> list[int]:
-        text = render_prompt(self.tokenizer, request.messages, request.tools)
+        text = render_prompt(self.tokenizer, request.messages, request.tools, profile=self.profile_for(request.adapter))
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) + request.max_tokens > self.max_model_len:  # the transformers engine's rule
             raise ContextLengthExceeded(
@@ -200,7 +202,21 @@ class VLLMEngine:
 
         lora = LoRARequest(name, len(self._loras) + 1, str(path))  # vLLM ids start at 1
         self._loras[name] = lora
+        self.profiles[name] = PromptProfile.load(path) if PromptProfile.saved_in(path) else self.profiles[None]
+        if hasattr(self, "cost"):  # adapters given at start are counted once the base cost is known
+            self._count_adapter(name, path)
         return lora
+
+    def _count_adapter(self, name: str, path: str) -> None:
+        import torch
+
+        element = torch.empty((), dtype=self.llm.model_config.dtype).element_size()
+        extra = adapter_parameters(path) * element
+        self.cost = replace(self.cost, adapter_bytes={**self.cost.adapter_bytes, name: extra})
+
+    def profile_for(self, adapter: str | None) -> PromptProfile:
+        """The prompt profile requests on `adapter` (None: the base weights) are rendered with."""
+        return self.profiles.get(adapter, self.profiles[None])
 
     def _generate(self, prompts: list[list[int]], params: list[Any], loras: list[Any]) -> list[Any]:
         try:
@@ -291,21 +307,7 @@ def count_parameters(model_dir: str, config: Any) -> int:
     tied = bool(getattr(config, "tie_word_embeddings", False))
     total = 0
     for file in files:
-        for name, shape in _safetensors_shapes(file).items():
+        for name, shape in safetensors_shapes(file).items():
             if not (tied and name.endswith("lm_head.weight")):
-                total += _product(shape)
+                total += product(shape)
     return total
-
-
-def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
-    with open(path, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
-    return {name: entry["shape"] for name, entry in header.items() if name != "__metadata__"}
-
-
-def _product(shape: Sequence[int]) -> int:
-    out = 1
-    for dim in shape:
-        out *= dim
-    return out

@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 from specagent.config import DrafterTrainConfig
 from specagent.core.errors import ConfigError
+from specagent.core.types import Message, ToolSpec
+from specagent.engines.render import FULL, PromptProfile, profile_named
 from specagent.train.common import (
     DTYPES, JsonlLog, is_main_process, load_splits, load_tokenizer, lora_config, model_dir, resume_checkpoint,
     set_threads, training_kwargs, write_run_info,
@@ -24,16 +26,20 @@ from specagent.train.common import (
 COLUMNS = ("messages", "tools")
 
 
-def drafter_data(cfg: DrafterTrainConfig) -> tuple[Any, Any | None]:
-    """(train, validation) conversational rows, filtered by reward, with only `messages` and `tools`."""
-    train, validation = load_splits(cfg.dataset, None)
+def drafter_data(cfg: DrafterTrainConfig, profile: PromptProfile = FULL) -> tuple[Any, Any | None]:
+    """(train, validation) conversational rows, filtered by reward, with only `messages` and `tools`,
+    rendered under `profile` (the rows the runtime will serve)."""
+    if isinstance(cfg.dataset, list) or cfg.dataset.endswith(".jsonl"):
+        train, validation = trajectory_rows(cfg.dataset), None
+    else:
+        train, validation = load_splits(cfg.dataset, None)
 
     def keep(split):
         if split is None:
             return None
         if cfg.min_reward is not None:
             split = split.filter(lambda r: r["reward"] is not None and r["reward"] >= cfg.min_reward)
-        return split.select_columns(list(COLUMNS))
+        return profiled(split.select_columns(list(COLUMNS)), profile)
 
     train = keep(train)
     if cfg.limit is not None:
@@ -43,6 +49,35 @@ def drafter_data(cfg: DrafterTrainConfig) -> tuple[Any, Any | None]:
                           f"(min_reward={cfg.min_reward}, limit={cfg.limit})")
     validation = keep(validation)
     return train, validation if validation is not None and len(validation) else None
+
+
+def trajectory_rows(paths: str | list[str]) -> Any:
+    """trajectories.jsonl file(s) as drafter rows (`messages`, `tools`, `reward`), in file order."""
+    from specagent.data.datasets import drafter_rows, to_dataset_dict
+    from specagent.data.trajectories import read_trajectories
+
+    trajectories = [t for path in ([paths] if isinstance(paths, str) else paths) for t in read_trajectories(path)]
+    rows = drafter_rows(trajectories, {t.task_id: "train" for t in trajectories})
+    return to_dataset_dict(rows, ("messages", "tools"))["train"]
+
+
+def profiled(rows: Any, profile: PromptProfile) -> Any:
+    """Rows with `profile.apply`ed: the same function the engines render prompts with."""
+    if profile == FULL:
+        return rows
+    from specagent.data.datasets import chat_json, to_dataset_dict
+
+    out = []
+    for row in rows:
+        messages, tools = profile.apply([Message.from_openai(m) for m in row["messages"]],
+                                        [ToolSpec.from_openai(t) for t in row["tools"]])
+        out.append({"messages": chat_json(messages), "tools": [t.to_openai() for t in tools]})
+    return to_dataset_dict({"rows": out}, COLUMNS)["rows"]
+
+
+def training_profile(cfg: DrafterTrainConfig, base_dir: str | None) -> PromptProfile:
+    """The configured profile, else the one saved with the base model, else the full prompt."""
+    return profile_named(cfg.prompt_profile) if cfg.prompt_profile else PromptProfile.load(base_dir)
 
 
 def sft_config(cfg: DrafterTrainConfig, has_validation: bool) -> Any:
@@ -66,7 +101,10 @@ def drafter_trainer(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any =
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype])
-    train, validation = drafter_data(cfg)
+    if cfg.from_layers is not None:
+        model = first_layers(model, cfg.from_layers)
+    profile = training_profile(cfg, path)
+    train, validation = drafter_data(cfg, profile)
     callbacks = [JsonlLog(Path(cfg.output_dir) / "log.jsonl"), *callbacks]
     if cfg.acceptance is not None:
         from specagent.train.acceptance import AcceptanceCallback
@@ -75,12 +113,29 @@ def drafter_trainer(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any =
                                             threads=cfg.train.threads))
     trainer = SFTTrainer(model=model, args=sft_config(cfg, validation is not None), train_dataset=train,
                          eval_dataset=validation, processing_class=tokenizer,
-                         peft_config=lora_config(cfg.lora, "CAUSAL_LM"), callbacks=callbacks)
+                         peft_config=lora_config(cfg.lora, "CAUSAL_LM") if cfg.lora else None, callbacks=callbacks)
+    trainer.prompt_profile = profile  # saved beside the adapter by save_final
+    trainer.merge_into_model = cfg.from_layers is not None
     for callback in callbacks:
         if hasattr(callback, "bind"):
             callback.bind(trainer)
     report_truncation(trainer, len(train), cfg.max_length)
     return trainer
+
+
+def first_layers(model: Any, k: int) -> Any:
+    """The model cut to its first ``k`` decoder layers, embeddings, final norm and LM head kept:
+    a drafter that reads S's own representation and costs k/L of its layers per token."""
+    decoder = model.get_decoder()
+    total = len(decoder.layers)
+    if k >= total:
+        raise ConfigError(f"from_layers={k}: the model has only {total} decoder layers; choose fewer")
+    decoder.layers = decoder.layers[:k]
+    config = model.config.get_text_config()
+    config.num_hidden_layers = k
+    if getattr(config, "layer_types", None):  # per-layer attention kinds (sliding / full) in newer configs
+        config.layer_types = config.layer_types[:k]
+    return model
 
 
 def report_truncation(trainer: Any, rows: int, max_length: int | None) -> None:
@@ -103,6 +158,8 @@ def train_drafter(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any = N
     if is_main_process():
         write_run_info(cfg.output_dir, cfg)
     trainer = drafter_trainer(cfg, model, tokenizer)
+    if is_main_process():  # also for exports of checkpoint-N dirs, which sit beside it
+        trainer.prompt_profile.save(cfg.output_dir)
     checkpoint = resume_checkpoint(cfg.output_dir, cfg.resume)
     if checkpoint:
         print(f"resuming from {checkpoint}")
@@ -111,13 +168,21 @@ def train_drafter(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any = N
 
 
 def save_final(trainer: Any, output_dir: str, metrics: dict[str, Any]) -> dict[str, Any]:
-    """The adapter (+ tokenizer with the template) in `output_dir/adapter`, and `metrics.json`."""
+    """The adapter (+ tokenizer with the template) in `output_dir/adapter`, or for a full model
+    (full fine-tuning, or a drafter cut from the model's first layers) the checkpoint in
+    `output_dir/model`; the prompt profile beside either; and `metrics.json`."""
     out = Path(output_dir)
-    trainer.save_model(str(out / "adapter"))  # peft: adapter weights + adapter_config.json only
+    full = not hasattr(trainer.model, "peft_config") or getattr(trainer, "merge_into_model", False)
+    target = out / ("model" if full else "adapter")
+    if full and hasattr(trainer.model, "peft_config"):  # a LoRA on a cut model: merged, the cut model is new
+        trainer.model.merge_and_unload().save_pretrained(str(target))
+    else:
+        trainer.save_model(str(target))  # peft: adapter weights + adapter_config.json; else the full model
     metrics = {**metrics, "global_step": trainer.state.global_step,
                "acceptance": [r for r in trainer.state.log_history if "acceptance_rate" in r]}
     if trainer.is_world_process_zero():
-        trainer.processing_class.save_pretrained(str(out / "adapter"))
+        trainer.prompt_profile.save(target)  # how its prompts are rendered: the runtime reads it
+        trainer.processing_class.save_pretrained(str(target))
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-        print(f"adapter: {out / 'adapter'}   metrics: {out / 'metrics.json'}")
+        print(f"{target.name}: {target}   metrics: {out / 'metrics.json'}")
     return metrics

@@ -59,10 +59,11 @@ def tokenizer():
 def tiny_llama_config(tokenizer, **overrides):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
-                       pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                       bos_token_id=tokenizer.bos_token_id, **overrides)
+    settings = dict(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                    pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                    bos_token_id=tokenizer.bos_token_id)
+    return LlamaConfig(**{**settings, **overrides})
 
 
 @pytest.fixture

@@ -1,0 +1,111 @@
+"""A drafter derived from the strong model: its first k decoder layers and LM head, tuned on
+its own data (`from_layers`). It trains, exports as a full checkpoint, loads in both
+engines, and the memory-traffic accounting counts the bytes the engine really loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specagent.engines.render import PROFILES, PromptProfile
+from tests.train.test_drafter import drafter_cfg
+
+pytest.importorskip("trl")
+
+
+@pytest.fixture
+def strong_dir(tmp_path, tokenizer):
+    """A tiny 4-layer "strong model" saved as a checkpoint dir with the compact profile."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from tests.train.conftest import tiny_llama_config
+
+    torch.manual_seed(0)
+    out = tmp_path / "strong"
+    LlamaForCausalLM(tiny_llama_config(tokenizer, num_hidden_layers=4, tie_word_embeddings=True)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    PROFILES["compact"].save(out)
+    return out
+
+
+def loaded_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_a_drafter_cut_from_the_strong_model_trains_exports_and_costs_less(mined, strong_dir, tmp_path):
+    from specagent.engines.transformers_engine import TransformersEngine
+    from specagent.export import export, transformers_factory
+    from specagent.train.drafter import train_drafter
+
+    cfg = drafter_cfg(mined, tmp_path, f"model={strong_dir}", "from_layers=2", "lora=null", "train.max_steps=2",
+                      "max_length=4096")
+    train_drafter(cfg)
+    model_dir = tmp_path / "out" / "model"
+    assert json.loads((model_dir / "config.json").read_text())["num_hidden_layers"] == 2
+    assert PromptProfile.load(model_dir) == PROFILES["compact"]  # inherited from the strong model's dir
+    manifest = export(tmp_path / "out", tmp_path / "export", factory=transformers_factory, backend="transformers")
+    assert manifest["full_model"] and manifest["smoke"]["max_logprob_change"] > 1e-3
+    strong = TransformersEngine(str(strong_dir))
+    drafter = TransformersEngine(str(tmp_path / "export" / "model"))
+    assert drafter.profile_for(None) == PROFILES["compact"]
+    # the accounting reads what the engine loaded: embeddings (tied LM head) once, 2 of 4 layers
+    assert drafter.cost.weight_bytes == loaded_bytes(drafter.model) < strong.cost.weight_bytes == loaded_bytes(strong.model)
+    per_layer = sum(p.numel() * 4 for p in strong.model.model.layers[0].parameters())
+    assert strong.cost.weight_bytes - drafter.cost.weight_bytes == 2 * per_layer
+    assert drafter.cost.kv_bytes_per_token * 2 == strong.cost.kv_bytes_per_token
+    assert manifest["smoke"]["weight_bytes"] == drafter.cost.weight_bytes
+    assert manifest["smoke"]["source_weight_bytes"] == strong.cost.weight_bytes
+
+
+def test_a_lora_adds_its_own_bytes_to_the_passes_through_it(strong_dir, tokenizer, tmp_path):
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    from specagent.engines.models import adapter_parameters
+    from specagent.engines.transformers_engine import TransformersEngine
+
+    lora = tmp_path / "lora"
+    net = AutoModelForCausalLM.from_pretrained(strong_dir)
+    peft.get_peft_model(net, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(lora)
+    engine = TransformersEngine(str(strong_dir), adapters={"drafter": str(lora)})
+    lora_params = adapter_parameters(lora)
+    assert lora_params == 4 * 4 * ((16 + 16) + (16 + 8))  # 4 layers x rank 4 x (q: 16 -> 16, v: 16 -> 8)
+    assert engine.cost.for_adapter("drafter").weight_bytes == engine.cost.weight_bytes + 4 * lora_params
+    assert engine.cost.for_adapter(None) == engine.cost
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.own_engine
+def test_vllm_loads_a_cut_checkpoint_and_counts_its_bytes(smollm2_dir, tmp_path):
+    """SmolLM2 cut to 8 of its 30 layers loads in vLLM (its own process); its weight bytes are
+    the parameters of the cut model at vLLM's dtype, under half of the full model's."""
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specagent.train.drafter import first_layers
+    from tests.conftest import KV_CACHE_GIB, need_vllm
+
+    need_vllm()
+    full = AutoModelForCausalLM.from_pretrained(smollm2_dir)
+    full_params = sum(p.numel() for p in full.parameters())
+    cut = first_layers(full, 8)
+    cut_params = sum(p.numel() for p in cut.parameters())
+    cut.save_pretrained(tmp_path / "cut")
+    AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(tmp_path / "cut")
+    code = ("from specagent.engines.vllm_engine import VLLMEngine\n"
+            "if __name__ == '__main__':\n"
+            f"    e = VLLMEngine({str(tmp_path / 'cut')!r}, max_model_len=1024, engine_kwargs={{'enforce_eager': True}})\n"
+            "    print('BYTES', e.cost.weight_bytes, e.llm.model_config.hf_config.num_hidden_layers); e.close()\n")
+    (tmp_path / "load.py").write_text(code)
+    done = subprocess.run([sys.executable, str(tmp_path / "load.py")], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB})
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, weight_bytes, layers = next(line for line in done.stdout.splitlines() if line.startswith("BYTES")).split()
+    assert int(layers) == 8 and int(weight_bytes) == cut_params * 2  # bfloat16 on vLLM-CPU
+    assert cut_params < 0.5 * full_params
