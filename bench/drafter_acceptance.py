@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
@@ -26,7 +25,6 @@ from specagent.train.acceptance import held_out, offline_acceptance
 
 def build_engine(backend: str, mine: MineConfig, adapter: str):
     if backend == "vllm":
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         from specagent.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine(mine.drafter.model, gguf_file=mine.drafter.gguf_file, adapters={"tuned": adapter},

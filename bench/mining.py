@@ -40,9 +40,6 @@ def build(engine: str):
         from specagent.engines.transformers_engine import TransformersEngine
 
         return TransformersEngine("smollm2", max_model_len=4096, batch_size=8)
-    import os
-
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from specagent.engines.vllm_engine import VLLMEngine
 
     return VLLMEngine("smollm2", max_model_len=4096, engine_kwargs={"enforce_eager": True})

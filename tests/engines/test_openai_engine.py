@@ -4,6 +4,7 @@ real vLLM server on SmolLM2 (slow, one server per session, tests/conftest.py).""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -241,41 +242,54 @@ def served(vllm_server):
 def test_real_server_chat_with_tools_returns_a_message_and_usage(served):
     requests = [ChatRequest(ASK, (WEATHER,), max_tokens=16), ChatRequest(ASK[1:], (WEATHER,), max_tokens=16)]
     for done in served.chat(requests):
-        assert done.malformed is None
-        assert done.message.role == "assistant" and (done.message.content or done.message.tool_calls)
+        # what SmolLM2 says differs across CPUs; whatever it is arrives as one assistant message
+        assert done.message.role == "assistant" and (done.message.content or done.message.tool_calls or done.malformed)
+        assert {c.name for c in done.message.tool_calls} <= {"get_weather"}  # a call names the offered tool
+        assert done.malformed is None or done.message.tool_calls == ()  # a bad call is reported, never run
         assert done.usage.prompt_tokens > 60  # the tools block is in the prompt
         assert 0 < done.usage.completion_tokens <= 16
         assert done.finish_reason in ("stop", "length", "tool_calls")
+        assert done.finish_reason != "length" or done.usage.completion_tokens == 16
         assert done.usage.requests == 1 and done.usage.bytes_sent > 0 and done.usage.bytes_received > 0
 
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_real_server_tool_call_round_trip(served):
+def test_real_server_tool_call_round_trip(served, smollm2_dir):
+    """A structured call comes back from the server's hermes parser, and the history with its
+    result goes back in (the server renders it as specagent does). No exact arguments or
+    answer: greedy outputs differ across CPUs."""
+    from transformers import AutoTokenizer
+
+    from specagent.engines.render import render_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompt_tokens = lambda chat: len(tokenizer(render_prompt(tokenizer, chat, (WEATHER,)), add_special_tokens=False)["input_ids"])
     chat = weather_chat("Paris")
     [first] = served.chat([ChatRequest(chat, (WEATHER,), max_tokens=48)])
     assert first.malformed is None
     [tool_call] = first.message.tool_calls  # structured, from vLLM's hermes parser
-    assert (tool_call.name, tool_call.arguments) == ("get_weather", {"city": "Paris"})
+    assert tool_call.name == "get_weather" and isinstance(tool_call.arguments.get("city"), str)  # fits the schema
     assert tool_call.id  # the server's id, echoed back below
+    assert first.usage.prompt_tokens == prompt_tokens(chat)
 
     chat += [first.message, Message("tool", "Paris: 12C, rainy", tool_call_id=tool_call.id)]
     [second] = served.chat([ChatRequest(chat, (WEATHER,), max_tokens=48)])
-    assert second.malformed is None and second.message.tool_calls == ()
-    assert "12C" in second.message.content
-    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+    assert second.usage.prompt_tokens == prompt_tokens(chat)  # the call and its result, rendered as ours
+    assert 0 < second.usage.completion_tokens <= 48
     assert second.usage.cached_tokens > 0  # the first prompt's blocks, from the server's prefix cache
 
 
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_real_server_serves_the_adapter_by_name(served):
+    """The adapter changes the output; the base request beside it is the base request alone."""
     chat = [Message("user", "What is the capital of France?")]
     [alone] = served.chat([ChatRequest(chat, max_tokens=12)])
     base, tuned = served.chat([ChatRequest(chat, max_tokens=12), ChatRequest(chat, max_tokens=12, adapter=ADAPTER)])
-    assert "Paris" in alone.text
     assert base.text == alone.text  # the concurrent adapter request leaves the base request alone
     assert tuned.text != base.text
+    assert all(0 < done.usage.completion_tokens <= 12 for done in (alone, base, tuned))
 
 
 @pytest.mark.slow
@@ -289,8 +303,12 @@ def test_real_server_context_overflow_and_unknown_model(served, vllm_server):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_server_that_dies_while_starting_reports_its_log(tmp_path):
+def test_server_that_dies_while_starting_says_why_in_one_line(tmp_path):
     need_vllm()
+    missing = tmp_path / "no-model-here"
     with pytest.raises(EngineError, match="exited with code") as err:
-        start_server(str(tmp_path / "no-model-here"), timeout_s=120, log_path=tmp_path / "broken.log")
-    assert "broken.log" in str(err.value) and len(str(err.value).splitlines()) > 3
+        start_server(str(missing), timeout_s=120, log_path=tmp_path / "broken.log")
+    message = str(err.value)
+    assert len(message.splitlines()) == 1  # the cause and the log's path, not the log
+    assert re.search(r"exited with code \d+: \w+(Error|Exception): .*no-model-here", message)  # the log's root error
+    assert "broken.log" in message

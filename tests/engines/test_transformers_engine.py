@@ -248,22 +248,40 @@ def test_cost(tokenizer):
 
 
 @pytest.mark.slow
-def test_smollm2_answers_a_chat_with_a_tool(tokenizer):
+def test_smollm2_answers_a_chat_with_a_tool(tokenizer, monkeypatch):
+    """Real SmolLM2, batched (left padding, KV cache): each reply is a greedy decode of the
+    model, i.e. every generated token is the argmax of the unpadded model's next-token
+    distribution there (within float noise: no exact ids, they differ across CPUs), and
+    its accounting and text are exactly the ids generated."""
     engine = TransformersEngine("smollm2", max_model_len=2048)
     reqs = [ChatRequest(messages=[Message("user", "Where is my order #W1?")], tools=TOOLS[:1], max_tokens=40),
             ChatRequest(messages=[Message("user", "Say hello.")], max_tokens=12)]
+    generated, generate = [], engine._generate
+
+    def spy(prompts, max_new):
+        out = generate(prompts, max_new)
+        generated.extend(zip(prompts, out))
+        return out
+
+    monkeypatch.setattr(engine, "_generate", spy)
     began = time.perf_counter()
     completions = engine.chat(reqs)
     wall = time.perf_counter() - began
+    assert len(generated) == 2
     for req, completion in zip(reqs, completions):
-        expected = reference_generate(engine.model, engine.tokenizer, req)
         prompt = tokenizer(render_prompt(tokenizer, req.messages, req.tools), add_special_tokens=False)["input_ids"]
+        [gen] = [g for p, g in generated if p == prompt]  # the engine decoded from exactly this prompt
         assert completion.usage.prompt_tokens == len(prompt)
-        assert completion.usage.completion_tokens == len(expected)
-        stopped = expected[-1] == tokenizer.eos_token_id
-        assert completion.finish_reason == ("stop" if stopped else "length")
-        assert completion.text == tokenizer.decode(expected[:-1] if stopped else expected)
+        assert completion.usage.completion_tokens == len(gen.ids) <= req.max_tokens
+        assert completion.finish_reason == ("stop" if gen.stopped else "length")
+        assert gen.stopped or len(gen.ids) == req.max_tokens
+        assert completion.text == tokenizer.decode(gen.ids[:-1] if gen.stopped else gen.ids)
         assert (completion.message, completion.malformed) == parse_assistant_text(completion.text, req.tools)
+        with torch.inference_mode():
+            logits = engine.model(input_ids=torch.tensor([prompt + gen.ids])).logits[0, len(prompt) - 1 : -1].float()
+        logprobs = logits.log_softmax(-1)
+        chosen = logprobs[torch.arange(len(gen.ids)), torch.tensor(gen.ids)]
+        assert (logprobs.max(-1).values - chosen).max().item() < 1e-3  # greedy, token by token
     assert "<tools>" in render_prompt(tokenizer, reqs[0].messages, reqs[0].tools)
     assert sum(c.usage.seconds for c in completions) == pytest.approx(wall, rel=0.2)
     assert engine.cost.weight_bytes == 4 * sum(p.numel() for p in engine.model.parameters())

