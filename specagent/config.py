@@ -3,6 +3,7 @@ overrides them, unknown keys are errors, and every problem is reported at once."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal, Optional, TypeVar
 
@@ -10,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from specagent.core.errors import ConfigError
+from specagent.core.files import read_text
 
 
 class Strict(BaseModel):
@@ -341,14 +343,7 @@ def load_config(schema: type[C], path: str | Path | None, overrides: list[str] =
     tree: dict[str, Any] = {}
     source = str(path) if path else "<defaults>"
     if path is not None:
-        try:
-            tree = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of keys")
+        tree = read_yaml_mapping(path, "config file")
     for key, value in parse_overrides(list(overrides)):
         set_dotted(tree, key, value)
     try:
@@ -357,8 +352,134 @@ def load_config(schema: type[C], path: str | Path | None, overrides: list[str] =
         raise ConfigError(format_errors(err, source)) from None
 
 
+def read_yaml_mapping(path: str | Path, what: str) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping (empty: {}); every problem is a ConfigError naming the file."""
+    text = read_text(path, what, ConfigError)
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    return tree
+
+
 def dump_config(config: BaseModel) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+# --------------------------------------------------------------------- resuming
+
+# What a resumed command may change in its config. Every key not listed here changes what an
+# episode, a mined segment or a training step computes, so a resume whose config differs from
+# the saved one in any other key is refused (`check_resume`): the output would mix the work of
+# two configs. These keys only choose which work runs (more tasks, trials, trajectories), how
+# fast (concurrency, batching, threads), where, and what is printed or logged. Patterns are
+# dotted paths; a key covers everything under it; `arms[NAME]` is the eval arm named NAME.
+_ENGINE_NEUTRAL = ("batch_size", "threads", "timeout_s", "max_retries", "api_key_env")
+_TASK_SELECTION = ("env.limit", "env.task_ids", "trials")
+# training may also be resumed for longer (train.max_steps, train.epochs: the schedule then spans
+# the new total, so use a constant one to continue the same run exactly)
+_TRAIN_NEUTRAL = ("resume", "output_dir", "train.max_steps", "train.epochs", "train.threads",
+                  "train.logging_steps", "train.save_steps", "train.save_total_limit", "train.report_to")
+
+
+def _engines(*roles: str) -> tuple[str, ...]:
+    return tuple(f"{role}.{key}" for role in roles for key in _ENGINE_NEUTRAL)
+
+
+RESUME_NEUTRAL_KEYS: dict[str, tuple[str, ...]] = {
+    "RunConfig": ("resume", "transcript", "concurrency", "output_dir", *_TASK_SELECTION,
+                  *_engines("strong", "weak", "env.airline.user_model")),
+    "EvalConfig": ("resume", "concurrency", "output_dir", *_TASK_SELECTION,
+                   *_engines("strong", "weak", "env.airline.user_model")),
+    "CollectConfig": ("output", "min_reward", *_TASK_SELECTION, *_engines("strong", "env.airline.user_model")),
+    "MineConfig": ("output_dir", "limit", "stride", "batch_trajectories", "validation_fraction",
+                   "validation_tasks", *_engines("drafter", "strong")),
+    "DrafterTrainConfig": (*_TRAIN_NEUTRAL, "acceptance"),
+    "VerdictTrainConfig": (*_TRAIN_NEUTRAL, "eval_limit", "eval_max_tokens"),
+}
+# lists of named entries compared entry by entry, to which a resume may add entries (new eval arms
+# run; the episodes of the saved ones stay theirs), but never change or drop one
+RESUME_ADDABLE_KEYS: dict[str, tuple[str, ...]] = {"EvalConfig": ("arms",)}
+
+
+def check_resume(saved: str | Path, cfg: BaseModel, hint: str) -> None:
+    """Refuse to resume work saved with another config: a ``ConfigError`` naming every key in
+    which ``cfg`` differs from the config saved at ``saved``, besides the keys of
+    ``RESUME_NEUTRAL_KEYS``. No saved file: nothing to compare. ``hint`` says how to start over."""
+    saved = Path(saved)
+    if not saved.exists():
+        return
+    tree = read_yaml_mapping(saved, "saved config")
+    schema = type(cfg)
+    try:  # filled in with today's defaults, so keys added since compare equal
+        tree = schema.model_validate(tree).model_dump(mode="json")
+    except ValidationError:
+        pass  # compared as it is: the keys it lacks or has in excess are differences
+    differences = config_differences(tree, cfg.model_dump(mode="json"), schema.__name__)
+    if differences:
+        shown = "; ".join(f"{key}: {_short(old)} -> {_short(new)}" for key, old, new in differences)
+        raise ConfigError(f"{saved}: the saved config differs from this one in {len(differences)} key(s), so "
+                          f"resuming would mix two configs' work: {shown}; {hint}")
+
+
+def config_differences(saved: dict[str, Any], new: dict[str, Any], schema_name: str) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, new value) for every key that differs and is not resume-neutral for the schema."""
+    neutral = RESUME_NEUTRAL_KEYS.get(schema_name, ())
+    addable = RESUME_ADDABLE_KEYS.get(schema_name, ())
+    old_leaves, new_leaves = _leaves(saved, addable), _leaves(new, addable)
+    added = {f"{key}[{entry['name']}]" for key in addable for entry in _named(new.get(key))
+             if entry["name"] not in {e["name"] for e in _named(saved.get(key))}}
+    out = []
+    for key in sorted(old_leaves.keys() | new_leaves.keys()):
+        old, value = old_leaves.get(key, ABSENT), new_leaves.get(key, ABSENT)
+        if old == value or any(_covers(pattern, key) for pattern in (*neutral, *added)):
+            continue
+        out.append((key, old, value))
+    return out
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+ABSENT = _Absent()  # a key one of two compared configs does not have
+
+
+def _named(entries: Any) -> list[dict[str, Any]]:
+    """The entries of a list of named mappings (anything else: none)."""
+    if isinstance(entries, list) and all(isinstance(e, dict) and "name" in e for e in entries):
+        return entries
+    return []
+
+
+def _leaves(tree: Any, named_lists: tuple[str, ...], prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value for every leaf; the lists in ``named_lists`` keyed by their entries' names."""
+    if isinstance(tree, dict) and tree:
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_leaves(value, named_lists, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if prefix in named_lists and _named(tree):
+        out = {}
+        for entry in tree:
+            out.update(_leaves({k: v for k, v in entry.items() if k != "name"} or {"name": entry["name"]},
+                               named_lists, f"{prefix}[{entry['name']}]"))
+        return out
+    return {prefix: tree}
+
+
+def _covers(pattern: str, key: str) -> bool:
+    return key == pattern or key.startswith(pattern + ".") or key.startswith(pattern + "[")
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if value is ABSENT else json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # --------------------------------------------------------------------- train stage

@@ -69,7 +69,11 @@ def outputs_of(stage: StageConfig, base: Path) -> list[Path]:
     if stage.command == "export":
         return [Path(stage.to)] if stage.to else []
     cfg = load_config(SCHEMAS[stage.command], base / stage.config, [])
-    return [Path(cfg.output)] if stage.command == "collect" else [Path(cfg.output_dir)]
+    if stage.command == "collect":
+        from specagent.data.stage import collect_files
+
+        return [Path(cfg.output), *collect_files(Path(cfg.output))]  # and the episodes it resumes from
+    return [Path(cfg.output_dir)]
 
 
 def run_pipeline(pipeline: str | Path, fresh: bool = False, out: str | Path = "runs/quickstart") -> dict:

@@ -63,7 +63,8 @@ def test_shipped_serve_config_validates(path):
 
 @pytest.mark.parametrize("path", EVAL_CONFIGS, ids=lambda p: p.name)
 def test_shipped_eval_config_validates(path):
-    assert {arm.mode for arm in load_config(EvalConfig, path).arms} == {"strong", "weak", "stepwise", "specagent"}
+    modes = {arm.mode for arm in load_config(EvalConfig, path).arms}
+    assert {"strong", "weak"} <= modes  # every eval shows the pair it speculates over
 
 
 def test_quickstart_pipeline_and_every_stage_config_validate():

@@ -42,6 +42,7 @@ from typing import Any, Callable, Literal, Sequence
 import jsonschema
 
 from specagent.core.errors import TaskFileError
+from specagent.core.files import check_output_file, read_text, split_lines
 from specagent.core.types import Message, ToolCall, ToolSpec, Trajectory, union_tools
 from specagent.data.schemas import ToolsOverride, apply_override, infer_tool_specs, load_tools_file
 from specagent.data.trajectories import write_trajectories
@@ -141,11 +142,14 @@ def import_trajectories(
     Raises ``TrajectoryImportError`` (a ``TaskFileError``) listing every problem found in
     the inputs, or ``ConfigError`` for a bad tools file; in both cases ``out`` is untouched.
     """
-    out_path = Path(out)
+    out_path = check_output_file(out, "output (-o)", TaskFileError)
     if any(Path(p).resolve() == out_path.resolve() for p in inputs):
         raise TrajectoryImportError([f"{out}: the output file is also an input; choose another output path"])
     trajectories, report = convert_files(inputs, fmt, tools_yaml, source, model)
-    write_trajectories(out_path, trajectories)
+    try:
+        write_trajectories(out_path, trajectories)
+    except OSError as exc:  # atomic: nothing is left behind
+        raise TrajectoryImportError([f"{out}: cannot write the output: {exc.strerror or exc}"]) from None
     report.out = str(out_path)
     return report
 
@@ -203,6 +207,9 @@ def _convert_file(context: _Context, fmt: str, problems: list[str], skipped: lis
         file_format = _sniff(kind, payload) if fmt == "auto" else fmt
         records = _records(context.path, kind, payload, file_format)
         shared = _tau2_shared(payload) if file_format == "tau2" else None
+    except TaskFileError as unreadable:
+        problems.append(str(unreadable))
+        return [], fmt
     except _Problem as problem:
         problems.append(_where(str(context.path), problem))
         return [], fmt
@@ -226,13 +233,8 @@ def _convert_file(context: _Context, fmt: str, problems: list[str], skipped: lis
 
 def _load(path: Path) -> tuple[str, Any]:
     """("json", document) or ("jsonl", [(line number, text)])."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise _Problem("", f"cannot read input file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise _Problem("", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    text = read_text(path, "input file")  # a TaskFileError naming the file (and line)
+    lines = [(n, line) for n, line in enumerate(split_lines(text), start=1) if line.strip()]
     if not lines:
         raise _Problem("", "the file is empty")
     if path.suffix.lower() in (".jsonl", ".ndjson"):

@@ -6,15 +6,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specagent.config import CollectConfig, MineConfig, dump_config
+from specagent.config import CollectConfig, MineConfig, check_resume, dump_config
 from specagent.core.classify import classify_tools
+from specagent.core.files import check_output_dir, check_output_file
 from specagent.core.types import Message, Trajectory, union_tools
 from specagent.data.datasets import finalize
 from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, replay_jobs, restore
 from specagent.data.trajectories import read_trajectories, write_trajectories
 from specagent.engines import EnginePool
 from specagent.serve.runtime import (
-    build_env, protocol_config, resolve_adapter, scripted_policy, select_tasks, versions,
+    build_env, check_resumable, protocol_config, resolve_adapter, scripted_policy, select_tasks,
+    versions,
 )
 
 
@@ -22,11 +24,16 @@ def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None 
     """Mine one shard (and, unsharded, build the datasets); or with ``merge=N`` only build
     the datasets from N finished shard files."""
     trajectories = read_trajectories(cfg.trajectories)[:: cfg.stride][: cfg.limit]
-    out_dir, work_dir = Path(cfg.output_dir), Path(cfg.output_dir) / "shards"
+    plan = _check_mine(cfg, trajectories)  # everything checked before anything is written
+    out_dir = check_output_dir(cfg.output_dir, "output_dir")
+    work_dir = out_dir / "shards"
+    if any(work_dir.glob("shard-*.jsonl")):  # mined work to resume: it must be this config's
+        check_resume(out_dir / "mine_config.yaml", cfg, "mine with the saved config, or into another output_dir "
+                     f"(or delete {work_dir} to start over)")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "mine_config.yaml").write_text(dump_config(cfg))
     if merge is None:
-        _mine(cfg, trajectories, work_dir, shard)
+        _mine(cfg, trajectories, work_dir, shard, plan)
         if shard.count > 1:
             print(f"shard {shard.index}/{shard.count} done; when all are, run with --merge {shard.count}")
             return None
@@ -40,8 +47,21 @@ def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None 
     return stats
 
 
-def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard: Shard) -> None:
+def _check_mine(cfg: MineConfig, trajectories: list[Trajectory]) -> tuple[Any, str | None, Any]:
+    """(drafter engine config, its adapter name, the live environment or None), every check
+    made that needs no model: the adapter, the tool lists, the live environment."""
     drafter, adapter = resolve_adapter(cfg.drafter, cfg.drafter_adapter, "drafter")
+    classify_tools(union_tools(trajectories), cfg.read_only, cfg.write)  # a misspelt tool name fails here
+    env = None if cfg.env == "replay" else build_env(cfg.live_env_config())
+    if env is not None:
+        roles = [drafter] + ([cfg.strong] if cfg.strong else [])
+        scripted_policy(env, roles)
+    return drafter, adapter, env
+
+
+def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard: Shard,
+          plan: tuple[Any, str | None, Any]) -> None:
+    drafter, adapter, live_env = plan
     settings = MineSettings(
         labelers=tuple(cfg.labelers), window=cfg.window, max_draft_steps=cfg.max_draft_steps,
         max_tokens=cfg.max_tokens, drafter_adapter=adapter, max_cuts=cfg.max_cuts_per_trajectory,
@@ -49,7 +69,6 @@ def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard
         batch_trajectories=cfg.batch_trajectories,
         read_only=tuple(cfg.read_only), write=tuple(cfg.write),
     )
-    classify_tools(union_tools(trajectories), cfg.read_only, cfg.write)  # a misspelt tool name fails here
     restore_for = None
     env_cfg = None if cfg.env == "replay" else cfg.live_env_config()
     if env_cfg is None:
@@ -75,7 +94,7 @@ def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard
     pool = EnginePool()
     try:
         roles = {"drafter": drafter} | ({"strong": cfg.strong} if cfg.strong else {})
-        policy = None if env_cfg is None else scripted_policy(build_env(env_cfg), roles.values())
+        policy = None if live_env is None else scripted_policy(live_env, roles.values())
         engines = pool.for_roles(roles, policy)
         mine_shard(trajectories, engines["drafter"], jobs_for, settings, work_dir, shard, engines.get("strong"),
                    restore_for)
@@ -89,9 +108,16 @@ def collect_from_config(cfg: CollectConfig) -> Path:
     from specagent.eval.episodes import run_tasks
 
     env = build_env(cfg.env)
-    tasks = select_tasks(env, cfg.env)
-    out = Path(cfg.output)
-    episodes = out.with_name(out.stem + ".episodes.jsonl")
+    tasks = select_tasks(env, cfg.env)  # everything checked before anything is written
+    read_only = classify_tools(env.tool_specs(), cfg.env.read_only, cfg.env.write)  # a misspelt name fails here
+    scripted_policy(env, [cfg.strong])
+    out = check_output_file(cfg.output, "output")
+    episodes, saved = collect_files(out)
+    check_output_file(episodes, "episodes file")
+    check_resumable(episodes, saved, cfg, f"collect with the saved config, or delete {episodes} to start over, "
+                                          "or choose another output")
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(dump_config(cfg))
     pool = EnginePool()
     try:
         strong = pool.for_roles({"strong": cfg.strong}, scripted_policy(env, [cfg.strong]))["strong"]
@@ -100,7 +126,6 @@ def collect_from_config(cfg: CollectConfig) -> Path:
                             trials=cfg.trials, model_names={"strong": strong.model_name})
     finally:
         pool.close()
-    read_only = classify_tools(env.tool_specs(), cfg.env.read_only, cfg.env.write)
     tools = [replace(spec, read_only=read_only[spec.name]) for spec in env.tool_specs()]
     # the user mode is part of the id: the same task played by another user is another run
     name = env.name if cfg.env.user == "ticket" else f"{env.name}-{cfg.env.user}"
@@ -117,6 +142,11 @@ def collect_from_config(cfg: CollectConfig) -> Path:
     print(f"{len(trajectories)} trajectories -> {out} (mean reward "
           f"{sum(t.reward or 0 for t in trajectories) / max(len(trajectories), 1):.2f})")
     return out
+
+
+def collect_files(out: Path) -> tuple[Path, Path]:
+    """The episodes file a collect into ``out`` resumes from, and the config it saves beside it."""
+    return out.with_name(out.stem + ".episodes.jsonl"), out.with_name(out.stem + ".config.yaml")
 
 
 def _as_run_config(cfg: CollectConfig):

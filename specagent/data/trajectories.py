@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from specagent.core.errors import TaskFileError
+from specagent.core.files import read_text, split_lines
 from specagent.core.types import Trajectory
 
 TRAJECTORY_FORMAT = "specagent.trajectory/v1"
@@ -47,10 +48,7 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
 
     Blank lines are skipped; trajectory ids must be unique within the file.
     """
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise TaskFileError(f"{path}: cannot read trajectory file: {exc.strerror or exc}") from None
+    lines = split_lines(read_text(path, "trajectory file"))
     out: list[Trajectory] = []
     first_line: dict[str, int] = {}
     for lineno, text in enumerate(lines, start=1):

@@ -29,7 +29,6 @@ from specagent.core.interfaces import ScoreRequest, TokenScorer
 from specagent.core.types import DraftedStep, Message, Segment, ToolSpec, Usage, Verdict
 from specagent.core.verify import verify_messages
 from specagent.engines.render import FULL, PromptProfile, render_prompt
-from specagent.train.verdict_metrics import accepted_prefix
 
 HEAD_FILE = "verdict.json"
 
@@ -64,6 +63,16 @@ class HeadSpec:
         if data.get("kind", "head") != "head":
             raise ConfigError(f"{adapter_dir}: a {data.get('kind')!r} verdict adapter, not a head")
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def accepted_prefix(scores: Sequence[float], threshold: float) -> int:
+    """The verdict of a head: the longest prefix whose every step scores >= threshold."""
+    n = 0
+    for score in scores:
+        if score < threshold:
+            break
+        n += 1
+    return n
 
 
 def head_adapter_dir(path: str | Path) -> Path:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specagent.core.errors import TaskFileError
+from specagent.core.files import read_text, split_lines
 
 TaskCheck = Callable[[dict[str, Any]], str | None]
 
@@ -39,10 +40,7 @@ def load_jsonl_tasks(
     the environment reading it. Every problem raises ``TaskFileError`` with the
     message ``"{path}:{lineno}: {problem}"``.
     """
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise TaskFileError(f"{path}: cannot read task file: {exc.strerror or exc}") from None
+    lines = split_lines(read_text(path, "task file"))
     tasks: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
     for lineno, text in enumerate(lines, start=1):

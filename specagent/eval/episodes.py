@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tqdm import tqdm
 
-from specagent.core.errors import SpecAgentError
+from specagent.core.errors import SpecAgentError, TaskFileError
+from specagent.core.files import read_text, split_lines
 from specagent.core.interfaces import Environment
 from specagent.core.protocol import Episode, Models, ProtocolConfig, run_episode
 from specagent.engines.batching import BatchingEngine, CallerGroup
@@ -56,23 +57,46 @@ def episode_key(record: dict[str, Any]) -> tuple[str, str, int]:
 
 
 def read_episodes(path: str | Path) -> list[dict[str, Any]]:
-    """The finished episodes in a file. A torn last line (a killed write) is dropped."""
+    """The finished episodes in a file. A torn last line (a killed write) is dropped; any other
+    line that is not an episode raises ``TaskFileError("file:line: ...")``."""
     path = Path(path)
     if not path.exists():
         return []
-    lines = path.read_text().splitlines()
+    lines = split_lines(read_text(path, "episodes file"))
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
             if number == len(lines):  # interrupted while writing: that episode reruns
                 print(f"warning: {path}:{number}: dropping a torn last line", file=sys.stderr)
                 break
-            raise
+            problem = f"not valid JSON ({exc.msg}, column {exc.colno})"
+        else:
+            problem = _episode_problem(record)
+            if problem is None:
+                records.append(record)
+                continue
+        raise TaskFileError(f"{path}:{number}: not a finished episode: {problem}; the file is corrupt: delete "
+                            "that line (its episode reruns) or the file (every episode reruns)")
     return records
+
+
+def _episode_problem(record: Any) -> str | None:
+    """What keeps a parsed line from being an episode record that resumes, or None."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    missing = [key for key in ("task_id", "mode") if key not in record]
+    if missing:
+        return f"missing key(s) {', '.join(missing)}"
+    if not isinstance(record.get("arm", record["mode"]), str):
+        return "arm/mode must be a string"
+    trial = record.get("trial", 0)
+    if not isinstance(trial, int) or isinstance(trial, bool):
+        return "trial must be an integer"
+    return None
 
 
 def _rewrite_without_torn_tail(path: Path, records: list[dict[str, Any]]) -> None:

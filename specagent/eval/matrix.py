@@ -13,14 +13,21 @@ from specagent.engines import EnginePool
 from specagent.eval.arms import arm_run_config, expand_arms, with_shared_adapters
 from specagent.eval.episodes import run_tasks
 from specagent.eval.report import write_report
-from specagent.serve.runtime import build_env, build_models, needed_roles, open_run, protocol_config, scripted_policy
+from specagent.serve.runtime import (
+    build_env, build_models, check_models, needed_roles, open_run, protocol_config, scripted_policy,
+)
 
 
 def eval_from_config(cfg: EvalConfig) -> dict[str, Any]:
     """Run every arm's missing episodes, then write the report. Returns the report."""
-    env, tasks, out_dir, episodes = open_run(cfg)
-    shared = with_shared_adapters(cfg)
+    shared = with_shared_adapters(cfg)  # every arm's adapter settled: a missing one fails before any output
     runs = expand_arms(shared.arms)
+
+    def check(env) -> None:
+        for run in runs:
+            check_models(arm_run_config(shared, run), env, (run.arm.mode,))
+
+    env, tasks, out_dir, episodes = open_run(cfg, check)
     roles = {role: getattr(shared, role) for run in runs for role in needed_roles(run.arm.mode)}
     pool = EnginePool()
     try:

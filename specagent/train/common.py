@@ -15,8 +15,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from specagent.config import LoraSettings, OptimSettings, dump_config
+from specagent.config import LoraSettings, OptimSettings, check_resume, dump_config
 from specagent.core.errors import ConfigError
+from specagent.core.files import check_output_dir
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": "auto"}
 
@@ -84,6 +85,29 @@ def resume_checkpoint(output_dir: str, resume: bool) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
     return get_last_checkpoint(output_dir)
+
+
+RESUME_HINT = "train with the saved config, or set resume: false to start over, or choose another output_dir"
+
+
+def check_training(cfg: Any, trajectory_files: list[str] = (), dataset_dirs: list[str] = ()) -> str | None:
+    """Everything about a training run that can be checked before a model loads or a file is
+    written: the output dir, the training data (trajectory files read and parsed, dataset dirs
+    there) and, when resuming a checkpoint, that it was trained with this config (`check_resume`).
+    Returns the checkpoint to resume from, or None."""
+    check_output_dir(cfg.output_dir, "output_dir")
+    from specagent.data.trajectories import read_trajectories
+
+    for path in trajectory_files:
+        read_trajectories(path)  # a TaskFileError naming the file and line
+    for path in dataset_dirs:
+        if not Path(path).is_dir():
+            raise ConfigError(f"dataset: no dataset at {path} (run `specagent mine` first; point at its "
+                              "`drafter/` or `verdict/` dir)")
+    checkpoint = resume_checkpoint(cfg.output_dir, cfg.resume)
+    if checkpoint:
+        check_resume(Path(cfg.output_dir) / "config.yaml", cfg, RESUME_HINT)
+    return checkpoint
 
 
 def versions() -> dict[str, Any]:

@@ -14,12 +14,14 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from transformers import TrainerCallback
+
 from specagent.config import DrafterTrainConfig
 from specagent.core.errors import ConfigError
 from specagent.core.types import Message, ToolSpec
 from specagent.engines.render import FULL, PromptProfile, profile_named
 from specagent.train.common import (
-    DTYPES, JsonlLog, is_main_process, load_splits, load_tokenizer, lora_config, model_dir, resume_checkpoint,
+    DTYPES, JsonlLog, check_training, is_main_process, load_splits, load_tokenizer, lora_config, model_dir,
     set_threads, training_kwargs, write_run_info,
 )
 
@@ -105,7 +107,7 @@ def drafter_trainer(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any =
         model = first_layers(model, cfg.from_layers)
     profile = training_profile(cfg, path)
     train, validation = drafter_data(cfg, profile)
-    callbacks = [JsonlLog(Path(cfg.output_dir) / "log.jsonl"), *callbacks]
+    callbacks = [JsonlLog(Path(cfg.output_dir) / "log.jsonl"), ProfileInCheckpoints(profile), *callbacks]
     if cfg.acceptance is not None:
         from specagent.train.acceptance import AcceptanceCallback
 
@@ -121,6 +123,18 @@ def drafter_trainer(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any =
             callback.bind(trainer)
     report_truncation(trainer, len(train), cfg.max_length)
     return trainer
+
+
+class ProfileInCheckpoints(TrainerCallback):
+    """Every checkpoint-N carries the prompt profile, so an export of it renders as trained."""
+
+    def __init__(self, profile: PromptProfile) -> None:
+        self.profile = profile
+
+    def on_save(self, args, state, control, **kwargs):
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and checkpoint.is_dir():
+            self.profile.save(checkpoint)
 
 
 def first_layers(model: Any, k: int) -> Any:
@@ -155,12 +169,13 @@ def report_truncation(trainer: Any, rows: int, max_length: int | None) -> None:
 def train_drafter(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Train, resume if asked, save the final adapter in `output_dir/adapter`. Returns the metrics."""
     set_threads(cfg.train.threads)
-    if is_main_process():
-        write_run_info(cfg.output_dir, cfg)
+    files = [cfg.dataset] if isinstance(cfg.dataset, str) else list(cfg.dataset)
+    is_jsonl = isinstance(cfg.dataset, list) or cfg.dataset.endswith(".jsonl")
+    checkpoint = check_training(cfg, files if is_jsonl else [], [] if is_jsonl else files)
     trainer = drafter_trainer(cfg, model, tokenizer)
-    if is_main_process():  # also for exports of checkpoint-N dirs, which sit beside it
+    if is_main_process():  # the run files once everything loaded; the profile also for exports of checkpoint-N dirs
+        write_run_info(cfg.output_dir, cfg)
         trainer.prompt_profile.save(cfg.output_dir)
-    checkpoint = resume_checkpoint(cfg.output_dir, cfg.resume)
     if checkpoint:
         print(f"resuming from {checkpoint}")
     result = trainer.train(resume_from_checkpoint=checkpoint)

@@ -28,7 +28,7 @@ from specagent.core.errors import ConfigError
 from specagent.data.verdict import IGNORE, token_labels
 from specagent.engines.verdict_head import HeadSpec, probability
 from specagent.train.common import (
-    DTYPES, JsonlLog, is_main_process, load_splits, load_tokenizer, lora_config, model_dir, resume_checkpoint,
+    DTYPES, JsonlLog, check_training, is_main_process, load_splits, load_tokenizer, lora_config, model_dir,
     set_threads, training_kwargs, write_run_info,
 )
 from specagent.train.verdict_metrics import calibrate, head_metrics, prefix_metrics
@@ -270,11 +270,11 @@ def evaluate_generative(cfg: VerdictTrainConfig, trainer: Any, validation: Any) 
 def train_verdict(cfg: VerdictTrainConfig, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Train (resuming if asked), evaluate on the validation split, save the adapter. Returns the metrics."""
     set_threads(cfg.train.threads)
-    if is_main_process():
-        write_run_info(cfg.output_dir, cfg)
+    checkpoint = check_training(cfg, dataset_dirs=[cfg.dataset])
     build = head_trainer if cfg.kind == "head" else generative_trainer
     trainer, validation = build(cfg, model, tokenizer)
-    checkpoint = resume_checkpoint(cfg.output_dir, cfg.resume)
+    if is_main_process():  # the run files once everything loaded
+        write_run_info(cfg.output_dir, cfg)
     if checkpoint:
         print(f"resuming from {checkpoint}")
     result = trainer.train(resume_from_checkpoint=checkpoint)

@@ -14,17 +14,9 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from specagent.engines.verdict_head import accepted_prefix
+
 DEGENERATE = 0.02  # accepting (or rejecting) all but this share of steps is a degenerate verdict
-
-
-def accepted_prefix(scores: Sequence[float], threshold: float) -> int:
-    """The verdict of a head: the longest prefix whose every step scores >= threshold."""
-    n = 0
-    for score in scores:
-        if score < threshold:
-            break
-        n += 1
-    return n
 
 
 def auroc(scores: Sequence[float], labels: Sequence[int]) -> float | None:

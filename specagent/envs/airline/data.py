@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from specagent.core.errors import ConfigError
+from specagent.core.files import read_text
 from specagent.envs.airline.tools import Database
 
 DB_FILES = ("flights", "reservations", "users")
@@ -116,9 +117,15 @@ def _default_runs(directory: Path) -> Path:
 
 @functools.lru_cache(maxsize=4)
 def _load(directory: str, runs_path: str, strict: bool = True) -> AirlineData:
-    db = {name: json.loads(Path(directory, f"{name}.json").read_text(encoding="utf-8")) for name in DB_FILES}
+    db = {}
+    for name in DB_FILES:
+        path = Path(directory, f"{name}.json")
+        try:
+            db[name] = json.loads(read_text(path, "airline database file", ConfigError))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"env.airline.data_dir: {path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     try:
-        runs = json.loads(Path(runs_path).read_text(encoding="utf-8"))
+        runs = json.loads(read_text(runs_path, "airline runs file", ConfigError))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"env.airline.runs: {runs_path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
     rejected: dict[int, str] = {}

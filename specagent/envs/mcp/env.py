@@ -28,6 +28,7 @@ from specagent.config import EnvConfig, McpServerSettings
 from specagent.core.canonical import canonical_call
 from specagent.core.classify import check_tool_names, classify_tools
 from specagent.core.errors import ConfigError, TaskFileError
+from specagent.core.files import read_text
 from specagent.core.interfaces import Reward
 from specagent.core.types import Message, ToolCall, ToolSpec
 from specagent.envs.mcp.client import McpClients, tool_spec
@@ -61,12 +62,11 @@ def task_problem(task: dict[str, Any]) -> str | None:
 
 
 def _yaml_tasks(path: Path) -> list[dict[str, Any]]:
+    text = read_text(path, "task file")
     try:
-        tasks = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise TaskFileError(f"{path}: cannot read task file: {exc.strerror or exc}") from None
+        tasks = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise TaskFileError(f"{path}: not valid YAML: {exc}") from None
+        raise TaskFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(tasks, list):
         raise TaskFileError(f"{path}: the top level must be a list of tasks")
     seen: set[str] = set()
