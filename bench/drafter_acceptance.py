@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from specagent.config import AcceptanceSettings, MineConfig, load_config
-from specagent.serve.runtime import adapter_dir
+from specagent.runtime.assembly import adapter_dir
 from specagent.train.acceptance import held_out, offline_acceptance
 
 

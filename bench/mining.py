@@ -19,7 +19,8 @@ from pathlib import Path
 from specagent.core.classify import classify_tools
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Trajectory
-from specagent.data.mine import MineSettings, live_jobs, mine_shard
+from specagent.runtime.drafting import DraftSettings, live_jobs
+from specagent.data.mine import mine_shard
 from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy
@@ -45,7 +46,7 @@ def build(engine: str):
     return VLLMEngine("smollm2", max_model_len=4096, engine_kwargs={"enforce_eager": True})
 
 
-def bench(engine_name: str, trajectories: list[Trajectory], settings: MineSettings) -> dict:
+def bench(engine_name: str, trajectories: list[Trajectory], settings: DraftSettings) -> dict:
     drafter = build(engine_name)
 
     def jobs_for(traj, cuts):
@@ -71,7 +72,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
     trajs = expert_trajectories(args.trajectories)
-    settings = MineSettings(max_draft_steps=3, max_tokens=args.max_tokens)
+    settings = DraftSettings(max_draft_steps=3, max_tokens=args.max_tokens)
     for name in args.engines:
         r = bench(name, trajs, settings)
         print(f"{r['engine']:>12}: {r['segments']} segments in {r['wall_s']:.1f}s = {r['segments_per_s']:.3f} segments/s; "

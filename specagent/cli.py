@@ -31,7 +31,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = _config("RunConfig", args)
     if cfg is None:
         return 0
-    from specagent.serve.runtime import run_from_config
+    from specagent.runtime.run import run_from_config
 
     run_from_config(cfg)
     return 0

@@ -120,9 +120,10 @@ class EnvConfig(Strict):
 
 
 class VerifierConfig(Strict):
-    """How the strong model judges a drafted segment: a decoded verdict or a trained head."""
+    """How the strong model judges a drafted segment: a decoded verdict or a trained head.
+    `scripted` (tests only) approves the drafted steps the environment's expert would take."""
 
-    kind: Literal["generative", "head"] = "generative"
+    kind: Literal["generative", "head", "scripted"] = "generative"
     adapter: Optional[str] = None  # generative: a verdict adapter name on the strong engine
     head: Optional[str] = None  # head: a `specagent export` dir of a verdict head
     threshold: Optional[float] = Field(None, gt=0.0, lt=1.0)  # head: None = the calibrated one
@@ -159,13 +160,6 @@ class RunConfig(Strict):
     transcript: bool = True
 
 
-class ServeVerifierConfig(VerifierConfig):
-    """The verifier of `specagent serve`. `scripted` (tests only): approves the drafted steps
-    that the environment's expert would take, with no model."""
-
-    kind: Literal["generative", "head", "scripted"] = "generative"
-
-
 class ServeConfig(Strict):
     """`specagent serve`: the runtime as an HTTP service (episodes, OpenAI-compatible chat, metrics)."""
 
@@ -173,7 +167,7 @@ class ServeConfig(Strict):
     strong: EngineConfig = Field(default_factory=EngineConfig)
     weak: EngineConfig = Field(default_factory=EngineConfig)
     drafter_adapter: Optional[str] = None  # an adapter name on the weak engine
-    verifier: ServeVerifierConfig = Field(default_factory=ServeVerifierConfig)
+    verifier: VerifierConfig = Field(default_factory=VerifierConfig)
     protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
     host: str = "127.0.0.1"
     port: int = Field(8100, gt=0, lt=65536)

@@ -100,7 +100,7 @@ def sample_row(dataset: str | None) -> dict[str, Any]:
     from datasets import load_from_disk
 
     if isinstance(dataset, list) or (dataset or "").endswith(".jsonl"):  # trajectories files: the first run
-        from specagent.train.drafter import trajectory_rows
+        from specagent.records.rows import trajectory_rows
 
         return trajectory_rows(dataset)[0]
     if not dataset or not Path(dataset).exists():
@@ -196,7 +196,7 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
            factory: EngineFactory | None = None, max_model_len: int = 8192, backend: str = "vllm") -> dict[str, Any]:
     """Build the export in `<out>.partial`, gate it, then move it to `<out>`. Returns the manifest."""
     from specagent.engines.models import materialize
-    from specagent.serve.runtime import versions
+    from specagent.runtime.provenance import versions
 
     run_dir, out = Path(run_dir), Path(out)
     run = read_run(run_dir)
@@ -244,7 +244,7 @@ def smoke_gate(run: dict[str, Any], work: Path, base_dir: str, factory: EngineFa
         tuned = probe(engine, ADAPTER_NAME)
         result["max_logprob_change"] = max_diff(tuned, probe(engine, None))
     finally:
-        getattr(engine, "close", lambda: None)()
+        engine.close()
     if result["max_logprob_change"] < CHANGED:
         raise SmokeGateFailed(f"smoke gate: the adapter changes nothing (max |Δ log-prob| "
                               f"{result['max_logprob_change']:.2e} vs the base model); was it trained?")
@@ -254,7 +254,7 @@ def smoke_gate(run: dict[str, Any], work: Path, base_dir: str, factory: EngineFa
         try:
             result["merged_mean_diff"] = mean_diff(tuned, probe(merged, None))
         finally:
-            getattr(merged, "close", lambda: None)()
+            merged.close()
         if result["merged_mean_diff"] > MERGED_TOLERANCE:
             raise SmokeGateFailed(f"smoke gate: the merged checkpoint differs from base + adapter (mean |Δ log-prob| "
                                   f"{result['merged_mean_diff']:.3f} > {MERGED_TOLERANCE})")
@@ -279,13 +279,13 @@ def full_model_gate(run: dict[str, Any], work: Path, base_dir: str, factory: Eng
                   "malformed": draft.malformed, "decoded_tokens": draft.usage.completion_tokens,
                   "weight_bytes": engine.cost.weight_bytes}
     finally:
-        getattr(engine, "close", lambda: None)()
+        engine.close()
     source = factory(base_dir, {}, max_model_len)
     try:
         result["max_logprob_change"] = max_diff(tuned, prompt_probe(request)(source, None))
         result["source_weight_bytes"] = source.cost.weight_bytes
     finally:
-        getattr(source, "close", lambda: None)()
+        source.close()
     if result["max_logprob_change"] < CHANGED:
         raise SmokeGateFailed("smoke gate: the model scores exactly like the one it was trained from; was it trained?")
     result["backend"] = backend

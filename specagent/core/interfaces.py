@@ -7,7 +7,7 @@ structurally; the core never imports them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from specagent.core.types import Message, Segment, ToolCall, ToolSpec, Usage, Verdict
 
@@ -100,6 +100,10 @@ class ChatEngine(Protocol):
 
     def chat(self, requests: Sequence[ChatRequest]) -> list[Completion]: ...
 
+    def close(self) -> None:
+        """Free what the engine holds (processes, memory); a closed engine answers no more."""
+        ...
+
 
 @dataclass(frozen=True)
 class Reward:
@@ -137,6 +141,23 @@ class Environment(Protocol):
 
     def state_hash(self) -> str:
         """Canonical hash of the current state (database)."""
+        ...
+
+    def close(self) -> None:
+        """End the environment's sessions and processes (MCP servers); a no-op for most."""
+        ...
+
+
+Policy = Callable[[Sequence[Message], Sequence[ToolSpec]], Message]
+
+
+@runtime_checkable
+class HasExpert(Protocol):
+    """An environment with a scripted expert: the reference agent of each of its tasks,
+    played by the `scripted` backend and the `scripted` (expert) verifier in tests."""
+
+    def expert(self) -> Policy:
+        """A model function: the expert's next message for a conversation of one of its tasks."""
         ...
 
 

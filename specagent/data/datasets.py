@@ -16,37 +16,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from specagent.core.types import Message, Trajectory
+from specagent.core.types import Trajectory
 from specagent.core.verify import verify_messages
-from specagent.data.mine import Shard, step_from_json
+from specagent.data.mine import Shard
+from specagent.records.rows import chat_json, drafter_rows, to_dataset_dict
+from specagent.runtime.drafting import segment_stats, step_from_json
 from specagent.engines.verdict_head import step_message_indices
-
-
-def canonical_arguments(arguments: dict[str, Any]) -> str:
-    """Tool-call arguments as the chat template renders them (compact, sorted keys), so a
-    JSON-string argument in a dataset renders to the same bytes as the runtime's dict."""
-    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def chat_json(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """OpenAI chat dicts with one fixed key set (Arrow-friendly) and canonical arguments."""
-    out = []
-    for m in messages:
-        calls = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": canonical_arguments(c.arguments)}}
-            for c in m.tool_calls
-        ]
-        row: dict[str, Any] = {"role": m.role, "content": m.content}
-        if calls:
-            row["tool_calls"] = calls
-        if m.tool_call_id is not None:
-            row["tool_call_id"] = m.tool_call_id
-        out.append(row)
-    return out
 
 
 def split_of(task_id: str, validation_tasks: Sequence[str] | None, fraction: float) -> str:
@@ -71,19 +49,6 @@ def read_shards(work_dir: Path, trajectories: Sequence[Trajectory], shard_count:
     if missing:
         raise ValueError(f"{len(missing)} trajectories not mined yet (e.g. {missing[0]}); rerun the missing shard(s)")
     return [rows[t.id] for t in trajectories]
-
-
-def drafter_rows(trajectories: Sequence[Trajectory], split: dict[str, str]) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {"train": [], "validation": []}
-    for t in trajectories:
-        out[split[t.task_id]].append({
-            "messages": chat_json(t.messages),
-            "tools": [spec.to_openai() for spec in t.tools],
-            "trajectory_id": t.id,
-            "task_id": t.task_id,
-            "reward": t.reward,
-        })
-    return out
 
 
 def verdict_rows(segments: Sequence[dict[str, Any]], by_id: dict[str, Trajectory], split: dict[str, str]) -> dict[str, list[dict]]:
@@ -122,73 +87,6 @@ def segment_rows(segments: Sequence[dict[str, Any]], split: dict[str, str]) -> d
             "accepted": sum(seg["labels"]), "num_steps": len(seg["steps"]),
         })
     return out
-
-
-def to_dataset_dict(rows: dict[str, list[dict]], json_columns: Sequence[str]):
-    from datasets import Dataset, DatasetDict, Features, Json, List, Value
-
-    out = {}
-    for name, split_rows in rows.items():
-        if not split_rows:
-            continue
-        sample = split_rows[0]
-        features = {}
-        for key, value in sample.items():
-            if key in json_columns:
-                features[key] = List(Json())
-            elif key in ("labels", "step_message_indices"):
-                features[key] = List(Value("int64"))
-            elif isinstance(value, bool):
-                features[key] = Value("bool")
-            elif isinstance(value, int):
-                features[key] = Value("int64")
-            elif isinstance(value, float) or value is None:
-                features[key] = Value("float64")
-            else:
-                features[key] = Value("string")
-        columns = {k: [r[k] for r in split_rows] for k in sample}
-        out[name] = Dataset.from_dict(columns, features=Features(features))
-    return DatasetDict(out)
-
-
-def segment_stats(segments: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Mining figures with the metric definitions of DESIGN §3 (labels = accepted).
-
-    A draft that ended at an unrecorded lookup (replay) drafted that lookup too: it counts
-    as a drafted step that is not accepted (the strong run never made the call there), at
-    the next position and under its tool."""
-    drafted = accepted = 0
-    by_position: dict[int, Counter] = defaultdict(Counter)
-    by_tool: dict[str, Counter] = defaultdict(Counter)
-    ended = Counter(s["ended_by"] for s in segments)
-    for seg in segments:
-        scored = [([c["function"]["name"] for c in step["message"].get("tool_calls") or []] or [step["kind"]], label)
-                  for step, label in zip(seg["steps"], seg["labels"])]
-        if seg["ended_by"] == "unrecorded":  # shards mined before the field carry no names
-            scored.append((seg.get("unrecorded") or ["unrecorded"], 0))
-        for pos, (names, label) in enumerate(scored, 1):
-            drafted += 1
-            accepted += label
-            by_position[pos].update(drafted=1, accepted=label)
-            for name in names:
-                by_tool[name].update(drafted=1, accepted=label)
-
-    def rate(c: Counter) -> dict[str, Any]:
-        return {"drafted": c["drafted"], "accepted": c["accepted"],
-                "rate": c["accepted"] / c["drafted"] if c["drafted"] else None}
-
-    prefixes = [sum(s["labels"]) for s in segments]
-    return {
-        "segments": len(segments),
-        "drafted_steps": drafted,
-        "accepted_steps": accepted,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "mean_accepted_prefix": sum(prefixes) / len(prefixes) if prefixes else None,
-        "label_balance": {"valid": accepted, "invalid": drafted - accepted},
-        "ended_by": dict(sorted(ended.items())),
-        "by_position": {str(k): rate(v) for k, v in sorted(by_position.items())},
-        "by_tool": {k: rate(v) for k, v in sorted(by_tool.items())},
-    }
 
 
 def finalize(

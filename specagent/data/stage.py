@@ -11,13 +11,12 @@ from specagent.core.classify import classify_tools
 from specagent.core.files import check_output_dir, check_output_file
 from specagent.core.types import Message, Trajectory, union_tools
 from specagent.data.datasets import finalize
-from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, replay_jobs, restore
-from specagent.data.trajectories import read_trajectories, write_trajectories
+from specagent.runtime.drafting import draft_settings, drafting_environment
+from specagent.data.mine import mine_shard, Shard
+from specagent.records.trajectories import read_trajectories, write_trajectories
 from specagent.engines import EnginePool
-from specagent.serve.runtime import (
-    build_env, check_resumable, protocol_config, resolve_adapter, scripted_policy, select_tasks,
-    versions,
-)
+from specagent.runtime.assembly import build_env, check_resumable, protocol_config, resolve_adapter, scripted_policy, select_tasks
+from specagent.runtime.provenance import versions
 
 
 def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None = None) -> dict[str, Any] | None:
@@ -62,35 +61,8 @@ def _check_mine(cfg: MineConfig, trajectories: list[Trajectory]) -> tuple[Any, s
 def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard: Shard,
           plan: tuple[Any, str | None, Any]) -> None:
     drafter, adapter, live_env = plan
-    settings = MineSettings(
-        labelers=tuple(cfg.labelers), window=cfg.window, max_draft_steps=cfg.max_draft_steps,
-        max_tokens=cfg.max_tokens, drafter_adapter=adapter, max_cuts=cfg.max_cuts_per_trajectory,
-        rollout_steps=cfg.rollout_steps, reference_segments=cfg.reference_segments,
-        batch_trajectories=cfg.batch_trajectories,
-        read_only=tuple(cfg.read_only), write=tuple(cfg.write),
-    )
-    restore_for = None
-    env_cfg = None if cfg.env == "replay" else cfg.live_env_config()
-    if env_cfg is None:
-        from specagent.envs.replay import ReplayEnv
-
-        replay = ReplayEnv(trajectories, read_only=cfg.read_only, write=cfg.write)
-
-        def jobs_for(traj, cuts):
-            return replay_jobs(replay, traj, cuts, settings.max_draft_steps)
-    else:
-        def make_env():
-            return build_env(env_cfg)
-
-        def read_only_of(traj):
-            return classify_tools(traj.tools, cfg.read_only, cfg.write, strict=False)
-
-        def jobs_for(traj, cuts):
-            return live_jobs(make_env, traj, cuts, settings.max_draft_steps, read_only_of(traj))
-
-        def restore_for(traj, cut):
-            return lambda: restore(make_env, traj, cut, read_only_of(traj))
-
+    settings = draft_settings(cfg, drafter_adapter=adapter)
+    jobs_for, restore_for = drafting_environment(cfg, trajectories, settings)
     pool = EnginePool()
     try:
         roles = {"drafter": drafter} | ({"strong": cfg.strong} if cfg.strong else {})
@@ -105,7 +77,7 @@ def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard
 def collect_from_config(cfg: CollectConfig) -> Path:
     """Strong-model runs on an environment, appended to a trajectories.jsonl (resumable)."""
     from specagent.core.protocol import Models
-    from specagent.eval.episodes import run_tasks
+    from specagent.runtime.episodes import run_tasks
 
     env = build_env(cfg.env)
     tasks = select_tasks(env, cfg.env)  # everything checked before anything is written

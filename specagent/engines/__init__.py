@@ -72,7 +72,5 @@ class EnginePool:
 
     def close(self) -> None:
         for engine in self._engines.values():
-            close = getattr(engine, "close", None)
-            if close is not None:
-                close()
+            engine.close()
         self._engines.clear()

@@ -132,6 +132,10 @@ class BatchingEngine:
     def stats(self) -> BatchStats:
         return self._stats
 
+    def close(self) -> None:
+        """Close the engine behind it."""
+        self.engine.close()
+
     def chat(self, requests: Sequence[ChatRequest]) -> list[Completion]:
         """The engine's completions of `requests`, answered in one batch with other callers'."""
         return self._submit("chat", requests)

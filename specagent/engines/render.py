@@ -14,7 +14,7 @@ training and serving apply the same `PromptProfile.apply` and cannot drift.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Sequence

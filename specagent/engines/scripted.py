@@ -50,6 +50,9 @@ class ScriptedEngine:
         self.calls = 0
         self.generated_tokens = 0
 
+    def close(self) -> None:
+        """Nothing to free."""
+
     def chat(self, requests: Sequence[ChatRequest]) -> list[Completion]:
         if self.latency_s and requests:
             time.sleep(self.latency_s)  # one wait for the whole batch, shared by its requests

@@ -127,6 +127,9 @@ class TransformersEngine:
         """The prompt profile requests on `adapter` (None: the base weights) are rendered with."""
         return self.profiles.get(adapter, self.profiles[None])
 
+    def close(self) -> None:
+        """The weights are freed with the engine; nothing runs beside it."""
+
     def chat(self, requests: Sequence[ChatRequest]) -> list[Completion]:
         """Answer every request; requests sharing an adapter are generated together in batches."""
         prompts = [self._prompt_ids(r) for r in requests]

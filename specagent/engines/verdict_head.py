@@ -12,7 +12,7 @@ at training time). Because the head is a plain LoRA adapter on the causal LM, th
 engine that repairs steps serves it too: transformers reads the two logits directly,
 vLLM reads them from `prompt_logprobs` (see `VLLMEngine.score`).
 
-Training (`specagent.data.verdict`, `specagent.train.verdict`) and serving use the same
+Training (`specagent.train.verdict`), the export gate and serving use the same
 functions here, so the positions read are the positions trained.
 """
 

@@ -44,7 +44,6 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from specagent.core.canonical import canonical_call
@@ -126,13 +125,6 @@ class ReplayEnv:
         self.unrecorded_calls: list[str] = []
         self.replayed = 0
 
-    @classmethod
-    def from_file(cls, path: str | Path, **kwargs) -> "ReplayEnv":
-        """A replay environment over a ``trajectories.jsonl`` file."""
-        from specagent.data.trajectories import read_trajectories
-
-        return cls(read_trajectories(path), **kwargs)
-
     # ------------------------------------------------------------ the Environment protocol
 
     def tool_specs(self) -> list[ToolSpec]:
@@ -176,6 +168,9 @@ class ReplayEnv:
             if self._changes_state(call.name, observation):
                 self.state = (*self.state, key)
             return observation
+
+    def close(self) -> None:
+        """Nothing to end: the recordings live in memory."""
 
     def is_terminal(self, call: ToolCall) -> bool:
         return isinstance(call.name, str) and self._terminal(call.name)

@@ -9,7 +9,7 @@ from typing import Sequence
 from specagent.config import ArmConfig, EvalConfig, RunConfig, VerifierConfig
 from specagent.core.errors import ConfigError
 from specagent.engines.verdict_head import head_adapter_dir
-from specagent.serve.runtime import adapter_dir
+from specagent.runtime.assembly import adapter_dir
 
 HEAD_ADAPTER = "verdict-head"  # the name `serve.runtime.build_models` serves a verdict head under
 

@@ -11,11 +11,9 @@ from typing import Any
 from specagent.config import EvalConfig
 from specagent.engines import EnginePool
 from specagent.eval.arms import arm_run_config, expand_arms, with_shared_adapters
-from specagent.eval.episodes import run_tasks
+from specagent.runtime.episodes import run_tasks
 from specagent.eval.report import write_report
-from specagent.serve.runtime import (
-    build_env, build_models, check_models, needed_roles, open_run, protocol_config, scripted_policy,
-)
+from specagent.runtime.assembly import build_env, build_models, check_models, needed_roles, open_run, protocol_config, scripted_policy
 
 
 def eval_from_config(cfg: EvalConfig) -> dict[str, Any]:

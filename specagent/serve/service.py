@@ -25,17 +25,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from specagent.config import RunConfig, ServeConfig
-from specagent.core.canonical import canonical_call, same_step
-from specagent.core.errors import ConfigError, SpecAgentError
+from specagent.core.canonical import canonical_call
+from specagent.core.errors import SpecAgentError
 from specagent.core.interfaces import Environment, Reward
 from specagent.core.protocol import Episode, EpisodeRunner, run_episode
-from specagent.core.types import DraftedStep, Message, ToolCall, ToolSpec
-from specagent.core.verify import render_steps
+from specagent.core.types import Message, ToolCall, ToolSpec
 from specagent.engines import EnginePool
-from specagent.engines.scripted import ScriptedVerifier
-from specagent.eval.episodes import episode_record
+from specagent.runtime.episodes import episode_record
 from specagent.serve.metrics import ServiceMetrics
-from specagent.serve.runtime import build_env, build_models, protocol_config
+from specagent.runtime.assembly import build_env, build_models, protocol_config
 
 
 class UnknownTask(SpecAgentError):
@@ -62,26 +60,6 @@ def run_config(cfg: ServeConfig) -> RunConfig:
     """The serve config as the run config that the shared runtime builders take."""
     return RunConfig(env=cfg.env, strong=cfg.strong, weak=cfg.weak, drafter_adapter=cfg.drafter_adapter,
                      verifier=cfg.verifier, protocol=cfg.protocol)
-
-
-def expert_verifier(env: Environment) -> ScriptedVerifier:
-    """`verifier.kind: scripted` (tests): approves the longest drafted prefix that the
-    environment's expert would take, step for step."""
-    if not hasattr(env, "task"):
-        raise ConfigError(f"verifier.kind scripted needs an environment with an expert; {env.name!r} has none")
-    from specagent.envs.store.expert import expert_policy
-
-    policy = expert_policy(env)
-
-    def judge(context: Sequence[Message], steps: Sequence[DraftedStep]) -> int:
-        history = list(context)
-        for accepted, step in enumerate(steps):
-            if not same_step(policy(history, ()), step.message):
-                return accepted
-            history += render_steps([step])
-        return len(steps)
-
-    return ScriptedVerifier(judge)
 
 
 class ClientIsUser:
@@ -170,8 +148,6 @@ class Service:
         try:
             modes = tuple({*cfg.modes, "specagent"})  # chat turns always run the protocol
             self.models = build_models(run, self.env, self.pool, modes)
-            if cfg.verifier.kind == "scripted":
-                self.models = replace(self.models, verifier=expert_verifier(self.env))
         except BaseException:
             self.pool.close()
             raise
@@ -182,9 +158,9 @@ class Service:
 
     def close(self) -> None:
         for conversation in self.conversations.values():
-            _close(conversation.env)
+            conversation.env.close()
         self.conversations.clear()
-        _close(self.env)
+        self.env.close()
         self.pool.close()
 
     def run_episode(self, task_id: str, mode: str = "specagent") -> dict[str, Any]:
@@ -195,7 +171,7 @@ class Service:
         with self._lock:
             ep = run_episode(self.env, task_id, mode, self.models, self.protocol)
             if ep.tools_still_running:  # a late effect must not reach the next episode
-                _close(self.env)
+                self.env.close()
                 self.env = self.env_factory()
         self.metrics.add(ep, chat=False)
         return episode_record(ep, trial=0, models=self.model_names)
@@ -276,17 +252,11 @@ class Service:
     def _drop(self, conversation_id: str) -> None:
         conversation = self.conversations.pop(conversation_id, None)
         if conversation is not None:
-            _close(conversation.env)
+            conversation.env.close()
 
     def _check_task(self, task_id: str) -> None:
         if task_id not in self.env.task_ids():
             raise UnknownTask(f"unknown task {task_id!r} in environment {self.env.name!r}")
-
-
-def _close(env: Environment) -> None:
-    close = getattr(env, "close", None)
-    if close is not None:
-        close()
 
 
 def chat_completion(turn: ChatTurn, model: str) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Every N optimizer steps the model being trained drafts at the cut points of held-out
 (validation) trajectories of a `specagent mine` run, under the same DRAFT rules,
-environment, labeler and metric definitions as mining (`mine_trajectory`,
+environment, labeler and metric definitions as mining (`draft_trajectory`,
 `segment_stats`): acceptance = accepted steps / drafted steps.
 """
 
@@ -17,12 +17,12 @@ from typing import Any, Callable, Sequence
 from transformers import TrainerCallback
 
 from specagent.config import AcceptanceSettings, MineConfig, load_config
-from specagent.core.classify import classify_tools
 from specagent.core.draft import DraftJob
 from specagent.core.errors import ConfigError
 from specagent.core.types import Trajectory
-from specagent.data.datasets import segment_stats
-from specagent.data.mine import MineSettings, MineStats, live_jobs, mine_trajectory, replay_jobs
+from specagent.runtime.drafting import (
+    DraftSettings, DraftStats, draft_settings, draft_trajectory, drafting_environment, segment_stats,
+)
 
 
 @dataclass
@@ -31,13 +31,13 @@ class HeldOut:
 
     trajectories: list[Trajectory]
     jobs_for: Callable[[Trajectory, Sequence[int]], list[DraftJob]]
-    settings: MineSettings
+    settings: DraftSettings
     max_model_len: int
 
 
 def held_out(settings: AcceptanceSettings) -> HeldOut:
     """Validation trajectories of a mine output dir (its `mine_config.yaml` and `stats.json`)."""
-    from specagent.data.trajectories import read_trajectories
+    from specagent.records.trajectories import read_trajectories
 
     mined = Path(settings.mined)
     if not (mined / "mine_config.yaml").exists() or not (mined / "stats.json").exists():
@@ -49,32 +49,18 @@ def held_out(settings: AcceptanceSettings) -> HeldOut:
         raise ConfigError(f"acceptance.mined: {mined} has no validation tasks (mine with validation_fraction > 0)")
     trajectories = [t for t in read_trajectories(mine.trajectories)[:: mine.stride][: mine.limit]
                     if t.task_id in validation][: settings.limit]
-    mine_settings = MineSettings(labelers=("match",), window=mine.window, max_draft_steps=mine.max_draft_steps,
-                                 max_tokens=settings.max_tokens or mine.max_tokens,
-                                 max_cuts=settings.max_cuts_per_trajectory,
-                                 read_only=tuple(mine.read_only), write=tuple(mine.write))
-    return HeldOut(trajectories, _jobs_for(mine, trajectories, mine_settings), mine_settings,
-                   mine.drafter.max_model_len)
-
-
-def _jobs_for(mine: MineConfig, trajectories: list[Trajectory], settings: MineSettings):
-    if mine.env == "replay":
-        from specagent.envs.replay import ReplayEnv
-
-        replay = ReplayEnv(trajectories, read_only=mine.read_only, write=mine.write)
-        return lambda traj, cuts: replay_jobs(replay, traj, cuts, settings.max_draft_steps)
-    from specagent.serve.runtime import build_env
-
-    env_cfg = mine.live_env_config()
-    return lambda traj, cuts: live_jobs(lambda: build_env(env_cfg), traj, cuts, settings.max_draft_steps,
-                                        classify_tools(traj.tools, mine.read_only, mine.write, strict=False))
+    mine_settings = draft_settings(mine, labelers=("match",), max_tokens=settings.max_tokens or mine.max_tokens,
+                                   max_cuts=settings.max_cuts_per_trajectory, drafter_adapter=None,
+                                   reference_segments=False, batch_trajectories=1)
+    jobs_for, _ = drafting_environment(mine, trajectories, mine_settings)
+    return HeldOut(trajectories, jobs_for, mine_settings, mine.drafter.max_model_len)
 
 
 def offline_acceptance(engine: Any, data: HeldOut) -> dict[str, Any]:
     """Draft and label at every held-out cut point; the mining figures of DESIGN §3."""
-    stats = MineStats()
+    stats = DraftStats()
     segments = [seg for traj in data.trajectories
-                for seg in mine_trajectory(traj, engine, data.jobs_for, data.settings, stats)]
+                for seg in draft_trajectory(traj, engine, data.jobs_for, data.settings, stats)]
     figures = segment_stats(segments)
     return {k: figures[k] for k in ("segments", "drafted_steps", "accepted_steps", "acceptance_rate",
                                     "mean_accepted_prefix", "ended_by")}

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from specagent.config import LoraSettings, OptimSettings, check_resume, dump_config
+from specagent.config import LoraSettings, OptimSettings, check_resume
 from specagent.core.errors import ConfigError
 from specagent.core.files import check_output_dir
 
@@ -96,7 +95,7 @@ def check_training(cfg: Any, trajectory_files: list[str] = (), dataset_dirs: lis
     there) and, when resuming a checkpoint, that it was trained with this config (`check_resume`).
     Returns the checkpoint to resume from, or None."""
     check_output_dir(cfg.output_dir, "output_dir")
-    from specagent.data.trajectories import read_trajectories
+    from specagent.records.trajectories import read_trajectories
 
     for path in trajectory_files:
         read_trajectories(path)  # a TaskFileError naming the file and line
@@ -108,27 +107,6 @@ def check_training(cfg: Any, trajectory_files: list[str] = (), dataset_dirs: lis
     if checkpoint:
         check_resume(Path(cfg.output_dir) / "config.yaml", cfg, RESUME_HINT)
     return checkpoint
-
-
-def versions() -> dict[str, Any]:
-    """The runtime's version record plus the training libraries."""
-    from specagent.serve.runtime import versions as runtime_versions
-
-    out = runtime_versions()
-    for pkg in ("accelerate", "deepspeed"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def write_run_info(out_dir: str | Path, cfg: Any) -> None:
-    """The resolved config and library versions next to the training output."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(dump_config(cfg))
-    (out / "versions.json").write_text(json.dumps(versions(), indent=2))
 
 
 def is_main_process() -> bool:

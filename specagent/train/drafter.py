@@ -20,10 +20,12 @@ from specagent.config import DrafterTrainConfig
 from specagent.core.errors import ConfigError
 from specagent.core.types import Message, ToolSpec
 from specagent.engines.render import FULL, PromptProfile, profile_named
+from specagent.records.rows import chat_json, to_dataset_dict, trajectory_rows
 from specagent.train.common import (
     DTYPES, JsonlLog, check_training, is_main_process, load_splits, load_tokenizer, lora_config, model_dir,
-    set_threads, training_kwargs, write_run_info,
+    set_threads, training_kwargs,
 )
+from specagent.runtime.provenance import write_run_info
 
 COLUMNS = ("messages", "tools")
 
@@ -53,22 +55,10 @@ def drafter_data(cfg: DrafterTrainConfig, profile: PromptProfile = FULL) -> tupl
     return train, validation if validation is not None and len(validation) else None
 
 
-def trajectory_rows(paths: str | list[str]) -> Any:
-    """trajectories.jsonl file(s) as drafter rows (`messages`, `tools`, `reward`), in file order."""
-    from specagent.data.datasets import drafter_rows, to_dataset_dict
-    from specagent.data.trajectories import read_trajectories
-
-    trajectories = [t for path in ([paths] if isinstance(paths, str) else paths) for t in read_trajectories(path)]
-    rows = drafter_rows(trajectories, {t.task_id: "train" for t in trajectories})
-    return to_dataset_dict(rows, ("messages", "tools"))["train"]
-
-
 def profiled(rows: Any, profile: PromptProfile) -> Any:
     """Rows with `profile.apply`ed: the same function the engines render prompts with."""
     if profile == FULL:
         return rows
-    from specagent.data.datasets import chat_json, to_dataset_dict
-
     out = []
     for row in rows:
         messages, tools = profile.apply([Message.from_openai(m) for m in row["messages"]],

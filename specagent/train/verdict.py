@@ -25,15 +25,29 @@ from typing import Any, Sequence
 
 from specagent.config import VerdictTrainConfig
 from specagent.core.errors import ConfigError
-from specagent.data.verdict import IGNORE, token_labels
-from specagent.engines.verdict_head import HeadSpec, probability
+from specagent.core.types import Message, ToolSpec
+from specagent.engines.verdict_head import HeadSpec, boundary_positions, probability
 from specagent.train.common import (
     DTYPES, JsonlLog, check_training, is_main_process, load_splits, load_tokenizer, lora_config, model_dir,
-    set_threads, training_kwargs, write_run_info,
+    set_threads, training_kwargs,
 )
+from specagent.runtime.provenance import write_run_info
 from specagent.train.verdict_metrics import calibrate, head_metrics, prefix_metrics
 
 # --------------------------------------------------------------------- data
+
+IGNORE = -100
+
+
+def token_labels(tokenizer: Any, example: dict[str, Any]) -> dict[str, list[int]]:
+    """A `verdict` dataset row -> input_ids and labels (0/1 at step boundaries, -100 elsewhere)."""
+    messages = [Message.from_openai(m) for m in example["messages"]]
+    tools = [ToolSpec.from_openai(t) for t in example["tools"]]
+    ids, positions = boundary_positions(tokenizer, messages, tools, example["step_message_indices"])
+    labels = [IGNORE] * len(ids)
+    for position, label in zip(positions, example["labels"]):
+        labels[position] = int(label)
+    return {"input_ids": ids, "labels": labels}
 
 
 def boundary_example(tokenizer: Any, row: dict[str, Any], max_length: int | None) -> dict[str, list[int]] | None:

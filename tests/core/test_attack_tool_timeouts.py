@@ -17,7 +17,7 @@ from specagent.core.protocol import NOT_RUN, Models, ProtocolConfig, run_episode
 from specagent.core.types import Message, ToolCall
 from specagent.engines.batching import batching_engines
 from specagent.engines.scripted import ScriptedEngine, ScriptedVerifier
-from specagent.eval.episodes import read_episodes, run_tasks
+from specagent.runtime.episodes import read_episodes, run_tasks
 from tests.core.toy import ToyEnv
 
 TIMEOUT = 0.2

@@ -11,7 +11,7 @@ from specagent.core.errors import ContextLengthExceeded, EngineUnavailable
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Message, StepStatus, ToolCall
 from specagent.engines.scripted import ScriptedEngine, ScriptedVerifier
-from specagent.eval.episodes import read_episodes, run_tasks
+from specagent.runtime.episodes import read_episodes, run_tasks
 from tests.core.toy import ToyEnv
 
 

@@ -57,6 +57,9 @@ class ToyEnv:
             self.db.pop(key, None)
         return "ok"
 
+    def close(self) -> None:
+        pass
+
     def is_terminal(self, call: ToolCall) -> bool:
         return call.name == "transfer"
 

@@ -11,9 +11,11 @@ from specagent.core.classify import classify_tools
 from specagent.core.errors import EngineUnavailable
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import DraftedStep, Message, StepKind, ToolCall, Trajectory
-from specagent.data.datasets import finalize, segment_stats
-from specagent.data.labelers import match_labels, overlap_judge, prefix_closed
-from specagent.data.mine import MineSettings, Shard, live_jobs, mine_shard, replay_jobs
+from specagent.data.datasets import finalize
+from specagent.runtime.drafting import segment_stats
+from specagent.runtime.labelers import match_labels, overlap_judge, prefix_closed
+from specagent.runtime.drafting import DraftSettings, live_jobs, replay_jobs
+from specagent.data.mine import mine_shard, Shard
 from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.replay import ReplayEnv
 from specagent.envs.store import StoreEnv
@@ -64,7 +66,7 @@ def dataset_rows(out_dir: Path) -> dict:
             for name in ("segments", "drafter", "verdict")}
 
 
-def mine_all(trajs, out_dir, drafter, shards=1, settings=MineSettings()):
+def mine_all(trajs, out_dir, drafter, shards=1, settings=DraftSettings()):
     for i in range(shards):
         mine_shard(trajs, drafter, store_jobs(settings), settings, out_dir / "shards", Shard(i, shards))
     finalize(trajs, out_dir / "shards", out_dir, shards, ["single_write_01"], 0.0, {}, {})
@@ -102,7 +104,7 @@ def test_reference_segments_are_valid_verdict_rows_and_never_count_as_drafts(sto
 
     plain = mine_all(store_trajectories, tmp_path / "plain", ScriptedEngine(lambda *_: "Sorry, I cannot help."))
     rows = mine_all(store_trajectories, tmp_path / "ref", ScriptedEngine(lambda *_: "Sorry, I cannot help."),
-                    settings=MineSettings(reference_segments=True))
+                    settings=DraftSettings(reference_segments=True))
     assert rows["segments"] == plain["segments"]
     verdict = rows["verdict"]["train"] + rows["verdict"]["validation"]
     references = [r for r in verdict if r["label_source"] == "reference"]
@@ -110,7 +112,7 @@ def test_reference_segments_are_valid_verdict_rows_and_never_count_as_drafts(sto
     assert references and drafted and len(drafted) == len(plain["verdict"]["train"] + plain["verdict"]["validation"])
     assert all(set(r["labels"]) == {1} for r in references) and all(set(r["labels"]) == {0} for r in drafted)
     for row in references:  # the DRAFT rules: lookups, then at most one held step, which ends it
-        assert len(row["labels"]) <= MineSettings().max_draft_steps
+        assert len(row["labels"]) <= DraftSettings().max_draft_steps
     stats = json.loads((tmp_path / "ref" / "stats.json").read_text())
     assert stats["reference_segments"] == len(references) and stats["all"]["accepted_steps"] == 0
 
@@ -118,7 +120,7 @@ def test_reference_segments_are_valid_verdict_rows_and_never_count_as_drafts(sto
 def test_killed_mid_way_rerun_gives_identical_datasets(store_trajectories, tmp_path):
     drafter = noisy_expert(StoreEnv())
     once = mine_all(store_trajectories, tmp_path / "once", ScriptedEngine(drafter))
-    settings = MineSettings()
+    settings = DraftSettings()
     with pytest.raises(EngineUnavailable):
         mine_shard(store_trajectories, Dies(drafter, 7), store_jobs(settings), settings, tmp_path / "again" / "shards")
     shard_file = tmp_path / "again" / "shards" / Shard().filename
@@ -137,7 +139,7 @@ def test_shards_merge_into_the_single_run_dataset(store_trajectories, tmp_path):
     sharded = mine_all(store_trajectories, tmp_path / "three", ScriptedEngine(drafter), shards=3)
     assert sharded == single
     grouped = mine_all(store_trajectories, tmp_path / "grouped", ScriptedEngine(drafter),
-                       settings=MineSettings(batch_trajectories=4))  # several trajectories per engine batch
+                       settings=DraftSettings(batch_trajectories=4))  # several trajectories per engine batch
     assert grouped == single
     owners = [[Shard(i, 3).owns(t.id) for i in range(3)] for t in store_trajectories]
     assert all(sum(o) == 1 for o in owners)
@@ -159,7 +161,7 @@ def test_live_environment_restores_state_at_the_cut(store_trajectories):
 
 def test_replay_mining_ends_drafts_at_unrecorded_calls(store_trajectories, tmp_path):
     replay = ReplayEnv(store_trajectories)
-    settings = MineSettings()
+    settings = DraftSettings()
     drafter = ScriptedEngine(noisy_expert(StoreEnv(), every=2))
     path, _ = mine_shard(store_trajectories, drafter, lambda t, c: replay_jobs(replay, t, c, 4), settings, tmp_path)
     import json
@@ -242,7 +244,7 @@ def test_verdict_labels_sit_exactly_on_step_boundaries(store_trajectories, tmp_p
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from specagent.data.verdict import IGNORE, token_labels
+    from specagent.train.verdict import IGNORE, token_labels
     from specagent.engines.models import materialize
 
     mine_all(store_trajectories, tmp_path, ScriptedEngine(noisy_expert(StoreEnv())))
@@ -264,7 +266,7 @@ def test_verdict_labels_sit_exactly_on_step_boundaries(store_trajectories, tmp_p
 
 
 def test_judge_labeler_uses_the_strong_verdict_with_the_reference_shown():
-    from specagent.data.labelers import judge_labels
+    from specagent.runtime.labelers import judge_labels
 
     seen = []
 
@@ -281,8 +283,8 @@ def test_judge_labeler_uses_the_strong_verdict_with_the_reference_shown():
 
 
 def test_rollout_labeler_scores_drafted_prefixes_by_the_environment_reward(store_trajectories):
-    from specagent.data.labelers import rollout_labels
-    from specagent.data.mine import restore
+    from specagent.runtime.labelers import rollout_labels
+    from specagent.runtime.drafting import restore
 
     traj = next(t for t in store_trajectories if t.task_id == "single_write_01")
     read_only = classify_tools(traj.tools)
@@ -305,7 +307,7 @@ def test_rollout_labeler_scores_drafted_prefixes_by_the_environment_reward(store
 
 def test_a_drafter_adapter_given_by_path_is_registered_on_the_drafter_engine(tmp_path):
     from specagent.config import MineConfig
-    from specagent.serve.runtime import resolve_adapter
+    from specagent.runtime.assembly import resolve_adapter
 
     def drafter_engine(cfg):  # what `specagent mine` does with its drafter
         return resolve_adapter(cfg.drafter, cfg.drafter_adapter, "drafter")

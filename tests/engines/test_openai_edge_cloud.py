@@ -21,7 +21,7 @@ from specagent.engines.openai_engine import OpenAIEngine
 from specagent.engines.scripted import ScriptedEngine, count_tokens, message_text
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy
-from specagent.eval.episodes import run_tasks
+from specagent.runtime.episodes import run_tasks
 
 TASKS = ["lookup_01", "single_write_01", "lookups_then_write_01"]
 REVIEW = re.compile(r"^REVIEW\..* from 0 to (\d+)")

@@ -17,9 +17,10 @@ from specagent.core.errors import ConfigError
 from specagent.core.interfaces import Environment
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Message, StepKind, ToolCall, Trajectory
-from specagent.data.mine import MineSettings, MineStats, live_jobs, mine_trajectory, restore
+from specagent.runtime.drafting import draft_trajectory, DraftSettings, DraftStats, live_jobs, restore
 from specagent.engines.scripted import ScriptedEngine
-from specagent.envs.airline import AirlineEnv, env_from_config, ticket_request
+from specagent.envs.airline import AirlineEnv, ticket_request
+from specagent.runtime.assembly import build_env
 from specagent.envs.airline.conformance import check, render
 from specagent.envs.airline.data import data_hash
 from specagent.envs.airline.tools import TOOL_SPECS
@@ -290,12 +291,12 @@ def test_missing_data_is_a_clear_config_error(tmp_path):
     with pytest.raises(ConfigError, match="lacks flights.json, reservations.json, users.json"):
         AirlineEnv(tmp_path)
     with pytest.raises(ConfigError, match="needs `airline: {data_dir: DIR}`"):
-        env_from_config(EnvConfig(name="airline"))
+        build_env(EnvConfig(name="airline"))
     with pytest.raises(ConfigError, match="user_model"):
         load_config(EnvConfig, None, ["name=airline", "airline.data_dir=x", "airline.user=simulated"])
     with pytest.raises(ConfigError, match="env.airline.user_model: the scripted backend needs a policy"):
         settings = AirlineEnvSettings(data_dir=str(DATA), user="simulated", user_model={"backend": "scripted"})
-        env_from_config(EnvConfig(name="airline", airline=settings))
+        build_env(EnvConfig(name="airline", airline=settings))
     with pytest.raises(ConfigError, match="env_data_dir"):
         load_config(MineConfig, None, ["trajectories=t.jsonl", "env=airline"])
 
@@ -307,7 +308,7 @@ def test_runs_file_defaults_to_the_one_in_the_data_dir(tmp_path):
     with pytest.raises(ConfigError, match="set env.airline.runs"):
         AirlineEnv(tmp_path)
     shutil.copy(RUNS, tmp_path)
-    env = env_from_config(EnvConfig(name="airline", airline=AirlineEnvSettings(data_dir=str(tmp_path))))
+    env = build_env(EnvConfig(name="airline", airline=AirlineEnvSettings(data_dir=str(tmp_path))))
     assert env.task_ids() == [str(t) for t in range(25)]
 
 
@@ -327,16 +328,16 @@ def test_live_mining_restores_the_cut_and_grounds_drafts_in_real_lookups():
     def next_recorded_step(messages, tools):  # a drafter that writes what GPT-4o wrote
         return traj.messages[len(messages)]
 
-    settings = MineSettings(max_draft_steps=3)
+    settings = DraftSettings(max_draft_steps=3)
     mine_cfg = MineConfig(trajectories="-", env="airline", env_data_dir=str(DATA), env_tasks_path=str(RUNS))
 
     def make() -> AirlineEnv:  # what `specagent mine` builds
-        return env_from_config(mine_cfg.live_env_config())
+        return build_env(mine_cfg.live_env_config())
 
     def jobs_for(t, cuts):
         return live_jobs(make, t, cuts, settings.max_draft_steps, read_only)
 
-    segments = mine_trajectory(traj, ScriptedEngine(next_recorded_step), jobs_for, settings, MineStats())
+    segments = draft_trajectory(traj, ScriptedEngine(next_recorded_step), jobs_for, settings, DraftStats())
     reads = [(seg["cut"], i, s) for seg in segments for i, s in enumerate(seg["steps"]) if s["kind"] == "read"]
     assert len(reads) > 10 and all(seg["labels"] == [1] * len(seg["steps"]) for seg in segments)
     for cut, i, step in reads:
@@ -353,7 +354,7 @@ def test_specagent_mine_runs_on_the_live_airline_env(tmp_path, monkeypatch):
     """`specagent mine` with `env: airline`, the drafter replaced by one that writes GPT-4o's steps."""
     from specagent.data import stage
     from specagent.data.importers import convert_files
-    from specagent.data.trajectories import write_trajectories
+    from specagent.records.trajectories import write_trajectories
 
     trajectories, _ = convert_files([RUNS], tools_yaml=ROOT / "configs" / "import" / "tau_airline_tools.yaml")
     chosen = [t for t in trajectories if t.id.endswith((":14:1", ":19:1"))]

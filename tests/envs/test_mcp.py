@@ -18,7 +18,8 @@ from specagent.core.errors import ConfigError, TaskFileError
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Message, StepStatus, ToolCall
 from specagent.engines.scripted import ScriptedEngine, ScriptedVerifier
-from specagent.envs.mcp import McpEnv, env_from_config, load_tasks
+from specagent.envs.mcp import McpEnv, load_tasks
+from specagent.runtime.assembly import build_env
 from specagent.envs.mcp.client import declared_read_only, tool_spec
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.env import DB_PATH, canonical_hash
@@ -196,7 +197,7 @@ def test_server_settings_are_validated():
     with pytest.raises(ValueError, match="server names must be unique"):
         McpEnvSettings(servers=[TOY, TOY])
     with pytest.raises(ConfigError, match="needs a task file"):
-        env_from_config(EnvConfig(name="mcp", mcp=McpEnvSettings(servers=[TOY])))
+        build_env(EnvConfig(name="mcp", mcp=McpEnvSettings(servers=[TOY])))
 
 
 # ---------------------------------------------------------------- the store over MCP, through the protocol

@@ -274,12 +274,14 @@ def test_airline_runs_replay_every_recorded_call(airline_import):
     assert (stats.conflicting_keys, stats.same_epoch_conflicts, stats.state_conflicts) == (1, 0, 0)
 
 
-def test_from_a_trajectories_file(tmp_path):
+def test_over_the_runs_of_a_trajectories_file(tmp_path):
     from specagent.data.importers import import_trajectories
 
     out = tmp_path / "trajectories.jsonl"
     import_trajectories([FIXTURES / "tau2_sim.json"], out=out, tools_yaml=AIRLINE_YAML)
-    env = ReplayEnv.from_file(out, terminal={"transfer_to_human_agents"})
+    from specagent.records.trajectories import read_trajectories
+
+    env = ReplayEnv(read_trajectories(out), terminal={"transfer_to_human_agents"})
     assert env.task_ids() == ["tau2_sim:7:0", "tau2_sim:7:1"]
     env.reset("tau2_sim:7:1")
     summary = "User raj_sanchez_7340 wants to cancel basic economy reservation XEHM4B."

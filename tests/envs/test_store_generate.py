@@ -22,7 +22,7 @@ from specagent.envs.store.build_tasks import render_tasks
 from specagent.envs.store.env import ALL_CATEGORIES, CATEGORIES, SPLITS, TASKS_PATH, canonical_hash, normalize_text
 from specagent.envs.store.expert import expert_policy, expert_steps
 from specagent.envs.store.tools import run_tool
-from specagent.serve.runtime import build_env
+from specagent.runtime.assembly import build_env
 
 # Pinned so that an accidental change to the generator (or to build_db) is caught; change
 # them only on purpose, with the task counts below.

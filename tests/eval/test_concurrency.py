@@ -14,8 +14,8 @@ from specagent.core.protocol import Models, ProtocolConfig
 from specagent.core.verify import GenerativeVerifier
 from specagent.engines.batching import batching_engines
 from specagent.engines.scripted import ScriptedEngine
-from specagent.eval.episodes import read_episodes, run_tasks
-from specagent.serve.runtime import run_from_config
+from specagent.runtime.episodes import read_episodes, run_tasks
+from specagent.runtime.run import run_from_config
 from tests.core.toy import ToyEnv, random_policy
 
 TASKS = [f"t{i}" for i in range(16)]

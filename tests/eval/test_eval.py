@@ -22,9 +22,9 @@ from specagent.engines.scripted import ScriptedEngine, ScriptedVerifier
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy, expert_steps
 from specagent.eval.arms import expand_arms, with_shared_adapters
-from specagent.eval.episodes import read_episodes, run_tasks
+from specagent.runtime.episodes import read_episodes, run_tasks
 from specagent.eval.report import COLUMNS, write_report
-from specagent.serve.runtime import write_run_info
+from specagent.runtime.assembly import write_run_info
 
 TASKS = ["lookup_01", "lookup_02", "lookup_03", "lookup_04"]
 WEAK_FAILS = {"lookup_03", "lookup_04"}  # the weak model only apologises on these

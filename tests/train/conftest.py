@@ -13,8 +13,9 @@ from specagent.config import MineConfig, dump_config
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Trajectory
 from specagent.data.datasets import finalize
-from specagent.data.mine import MineSettings, mine_shard
-from specagent.data.trajectories import write_trajectories
+from specagent.runtime.drafting import DraftSettings
+from specagent.data.mine import mine_shard
+from specagent.records.trajectories import write_trajectories
 from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy
@@ -36,7 +37,7 @@ def mined(tmp_path_factory) -> Path:
         trajectories.append(Trajectory(f"store:{task}:0", task, env.tool_specs(), ep.messages, ep.reward, "test",
                                        "expert"))
     write_trajectories(out / "trajectories.jsonl", trajectories)
-    settings = MineSettings()
+    settings = DraftSettings()
     drafter = ScriptedEngine(noisy_expert(StoreEnv()))
     mine_shard(trajectories, drafter, store_jobs(settings), settings, out / "shards")
     cfg = MineConfig(trajectories=str(out / "trajectories.jsonl"), output_dir=str(out), env="store",

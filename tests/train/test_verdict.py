@@ -133,7 +133,7 @@ def test_the_runtime_head_verifier_reads_what_training_scored(mined, tokenizer, 
     from transformers import LlamaForCausalLM
 
     from specagent.core.types import Message, Segment, ToolSpec
-    from specagent.data.mine import step_from_json
+    from specagent.runtime.drafting import step_from_json
     from specagent.engines.transformers_engine import TransformersEngine
     from specagent.engines.verdict_head import HeadVerifier
     from specagent.train.verdict import BoundaryCollator, boundary_example, score_boundaries, train_verdict

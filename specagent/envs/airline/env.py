@@ -75,6 +75,9 @@ class AirlineEnv:
 
     # ------------------------------------------------------------ the Environment protocol
 
+    def close(self) -> None:
+        """Nothing to end: the database lives in memory (a simulated user's engine is the runtime's)."""
+
     def tool_specs(self) -> list[ToolSpec]:
         return list(TOOL_SPECS)
 

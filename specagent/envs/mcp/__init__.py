@@ -1,6 +1,6 @@
 """Environments whose tools live behind MCP servers (stdio or streamable HTTP), and the
 built-in store domain served as an MCP server. Needs the `mcp` extra."""
 
-from specagent.envs.mcp.env import McpEnv, env_from_config, load_tasks
+from specagent.envs.mcp.env import McpEnv, load_tasks
 
-__all__ = ["McpEnv", "env_from_config", "load_tasks"]
+__all__ = ["McpEnv", "load_tasks"]

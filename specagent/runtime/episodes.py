@@ -173,7 +173,7 @@ def run_tasks(
             _run_in_threads(todo, run_one, [env, *first], _caller_groups(models))
         finally:
             for made in owned:  # the caller's `env` stays the caller's
-                getattr(made, "close", lambda: None)()
+                made.close()
     return records
 
 
