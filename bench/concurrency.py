@@ -27,8 +27,13 @@ from specagent.config import RunConfig, load_config
 from specagent.core.metrics import summarize
 from specagent.engines import EnginePool
 from specagent.engines.scripted import ScriptedEngine
+from specagent.runtime.assembly import (
+    build_env,
+    build_models,
+    protocol_config,
+    select_tasks,
+)
 from specagent.runtime.episodes import run_tasks
-from specagent.runtime.assembly import build_env, build_models, protocol_config, select_tasks
 from specagent.runtime.run import throughput
 
 OUT = Path("runs/bench")
@@ -49,7 +54,7 @@ def run_level(cfg: RunConfig, concurrency: int, scripted_latency: float) -> dict
             if isinstance(engine.engine, ScriptedEngine):
                 engine.engine.latency_s = scripted_latency
         began = time.perf_counter()
-        records = run_tasks(env, tasks, ["specagent"], models, protocol_config(cfg), episodes,
+        records = run_tasks(env, tasks, ["specagent"], models, protocol_config(cfg.protocol, cfg.env), episodes,
                             concurrency=concurrency, env_factory=lambda: build_env(cfg.env))
         rate = throughput(len(records), time.perf_counter() - began, concurrency, models)
     finally:

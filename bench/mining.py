@@ -19,11 +19,11 @@ from pathlib import Path
 from specagent.core.classify import classify_tools
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Trajectory
-from specagent.runtime.drafting import DraftSettings, live_jobs
 from specagent.data.mine import mine_shard
 from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy
+from specagent.runtime.drafting import DraftSettings, live_jobs
 
 
 def expert_trajectories(n: int) -> list[Trajectory]:

@@ -18,7 +18,12 @@ import yaml
 from specagent.core.interfaces import ScoreRequest
 from specagent.core.types import Message, ToolSpec
 from specagent.engines.models import materialize
-from specagent.engines.verdict_head import HeadSpec, boundary_positions, head_adapter_dir, probability
+from specagent.engines.verdict_head import (
+    HeadSpec,
+    boundary_positions,
+    head_adapter_dir,
+    probability,
+)
 from specagent.train.verdict_metrics import head_metrics
 
 

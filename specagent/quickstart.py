@@ -21,7 +21,13 @@ import yaml
 from pydantic import Field
 
 from specagent.config import (
-    CollectConfig, DrafterTrainConfig, EvalConfig, MineConfig, Strict, VerdictTrainConfig, load_config,
+    CollectConfig,
+    DrafterTrainConfig,
+    EvalConfig,
+    MineConfig,
+    Strict,
+    VerdictTrainConfig,
+    load_config,
 )
 from specagent.core.errors import ConfigError, SpecAgentError
 

@@ -281,7 +281,8 @@ CHANGES = {  # a resume may not change these: each changes what an episode compu
     "env.user": "multi_turn", "verifier.max_tokens": "4", "strong.temperature": "0.5", "weak.seed": "7",
     "env.tool_timeout_s": "5", "env.write": "[calculate]",
 }
-NEUTRAL = {"concurrency": "2", "transcript": "true", "env.limit": "3", "trials": "2", "weak.batch_size": "2"}
+NEUTRAL = {"concurrency": "2", "transcript": "true", "env.limit": "3", "trials": "2",
+           "env.task_ids": "[lookup_01, lookup_02]"}
 
 
 @FAST

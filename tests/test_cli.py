@@ -56,8 +56,9 @@ def test_broken_task_file_names_file_and_line(tmp_path):
 
 
 def test_unreachable_openai_server_is_a_clear_error(tmp_path):
-    out = specagent("run", "-c", "configs/run/store_scripted.yaml", "mode=strong", "strong.backend=openai",
-                    "strong.base_url=http://127.0.0.1:9/v1", "strong.max_retries=0", "strong.timeout_s=2",
-                    f"output_dir={tmp_path}")
+    config = tmp_path / "openai.yaml"
+    config.write_text("mode: strong\nenv: {name: store}\n"
+                      "strong: {backend: openai, base_url: 'http://127.0.0.1:9/v1', max_retries: 0, timeout_s: 2}\n")
+    out = specagent("run", "-c", str(config), f"output_dir={tmp_path / 'out'}")
     assert out.returncode == 1
     assert "127.0.0.1:9" in out.stderr and "Traceback" not in out.stderr

@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from specagent.config import (
-    CollectConfig, DrafterTrainConfig, EvalConfig, MineConfig, RunConfig, ServeConfig, VerdictTrainConfig, load_config,
+    CollectConfig,
+    DrafterTrainConfig,
+    EvalConfig,
+    MineConfig,
+    RunConfig,
+    ServeConfig,
+    VerdictTrainConfig,
+    load_config,
 )
 from specagent.core.errors import ConfigError
 

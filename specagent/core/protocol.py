@@ -22,8 +22,13 @@ from specagent.core.classify import classify_tools, drafted, terminal_tools
 from specagent.core.draft import DraftJob, assign_call_ids, draft_batch
 from specagent.core.errors import ContextLengthExceeded
 from specagent.core.execution import ToolRunner
-from specagent.core.interfaces import ChatEngine, ChatRequest, Completion, Environment, Verifier
-from specagent.core.verify import granted_prefix
+from specagent.core.interfaces import (
+    ChatEngine,
+    ChatRequest,
+    Completion,
+    Environment,
+    Verifier,
+)
 from specagent.core.types import (
     DraftedStep,
     Message,
@@ -34,6 +39,7 @@ from specagent.core.types import (
     ToolSpec,
     Usage,
 )
+from specagent.core.verify import granted_prefix
 
 Mode = Literal["strong", "weak", "stepwise", "specagent"]
 NOT_RUN = "Error: not executed (the episode stopped before this call)"

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
+
+Dtype = Literal["float32", "bfloat16", "float16", "auto"]  # weight dtypes a config may ask for
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from typing import Any, Sequence
 from specagent.core.types import Trajectory
 from specagent.core.verify import verify_messages
 from specagent.data.mine import Shard
+from specagent.engines.verdict_head import step_message_indices
 from specagent.records.rows import chat_json, drafter_rows, to_dataset_dict
 from specagent.runtime.drafting import segment_stats, step_from_json
-from specagent.engines.verdict_head import step_message_indices
 
 
 def split_of(task_id: str, validation_tasks: Sequence[str] | None, fraction: float) -> str:

@@ -11,11 +11,19 @@ from specagent.core.classify import classify_tools
 from specagent.core.files import check_output_dir, check_output_file
 from specagent.core.types import Message, Trajectory, union_tools
 from specagent.data.datasets import finalize
-from specagent.runtime.drafting import draft_settings, drafting_environment
-from specagent.data.mine import mine_shard, Shard
-from specagent.records.trajectories import read_trajectories, write_trajectories
+from specagent.data.mine import Shard, mine_shard
 from specagent.engines import EnginePool
-from specagent.runtime.assembly import build_env, check_resumable, protocol_config, resolve_adapter, scripted_policy, select_tasks
+from specagent.records.trajectories import read_trajectories, write_trajectories
+from specagent.runtime.assembly import (
+    DRAFTER_ADAPTER,
+    build_env,
+    check_resumable,
+    protocol_config,
+    resolve_adapter,
+    scripted_policy,
+    select_tasks,
+)
+from specagent.runtime.drafting import draft_settings, drafting_environment
 from specagent.runtime.provenance import versions
 
 
@@ -49,9 +57,9 @@ def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None 
 def _check_mine(cfg: MineConfig, trajectories: list[Trajectory]) -> tuple[Any, str | None, Any]:
     """(drafter engine config, its adapter name, the live environment or None), every check
     made that needs no model: the adapter, the tool lists, the live environment."""
-    drafter, adapter = resolve_adapter(cfg.drafter, cfg.drafter_adapter, "drafter")
-    classify_tools(union_tools(trajectories), cfg.read_only, cfg.write)  # a misspelt tool name fails here
-    env = None if cfg.env == "replay" else build_env(cfg.live_env_config())
+    drafter, adapter = resolve_adapter(cfg.drafter, cfg.drafter_adapter, DRAFTER_ADAPTER)
+    classify_tools(union_tools(trajectories), cfg.env.read_only, cfg.env.write)  # a misspelt tool name fails here
+    env = None if cfg.env.name == "replay" else build_env(cfg.env)
     if env is not None:
         roles = [drafter] + ([cfg.strong] if cfg.strong else [])
         scripted_policy(env, roles)
@@ -93,8 +101,7 @@ def collect_from_config(cfg: CollectConfig) -> Path:
     pool = EnginePool()
     try:
         strong = pool.for_roles({"strong": cfg.strong}, scripted_policy(env, [cfg.strong]))["strong"]
-        run_cfg = _as_run_config(cfg)
-        records = run_tasks(env, tasks, ["strong"], Models(strong=strong), protocol_config(run_cfg), episodes,
+        records = run_tasks(env, tasks, ["strong"], Models(strong=strong), protocol_config(cfg.protocol, cfg.env), episodes,
                             trials=cfg.trials, model_names={"strong": strong.model_name})
     finally:
         pool.close()
@@ -121,7 +128,3 @@ def collect_files(out: Path) -> tuple[Path, Path]:
     return out.with_name(out.stem + ".episodes.jsonl"), out.with_name(out.stem + ".config.yaml")
 
 
-def _as_run_config(cfg: CollectConfig):
-    from specagent.config import RunConfig
-
-    return RunConfig(mode="strong", env=cfg.env, strong=cfg.strong, protocol=cfg.protocol)

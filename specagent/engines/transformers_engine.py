@@ -10,22 +10,34 @@ from __future__ import annotations
 
 import os
 import time
+import typing
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    PreTrainedModel,
+)
 
 from specagent.core.errors import ContextLengthExceeded, EngineError
-from specagent.core.interfaces import ChatRequest, Completion, ModelCost, ScoreRequest, Scores
+from specagent.core.interfaces import (
+    ChatRequest,
+    Completion,
+    ModelCost,
+    ScoreRequest,
+    Scores,
+)
 from specagent.core.toolcalls import parse_assistant_text
-from specagent.core.types import Usage
+from specagent.core.types import Dtype, Usage
 from specagent.engines.models import adapter_parameters, materialize
 from specagent.engines.render import FULL, PromptProfile, render_prompt
 
 STOP_TOKEN = "<|im_end|>"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = typing.get_args(Dtype)  # float32, bfloat16, float16, auto (the checkpoint's own)
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,7 @@ class TransformersEngine:
             raise EngineError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
         path = materialize(model, gguf_file)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        net = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        net = AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype == "auto" else getattr(torch, dtype))
         self._setup(net, tokenizer, adapters, temperature, top_p, seed, max_model_len, batch_size,
                     model_name or model, threads, PromptProfile.load(path))
 

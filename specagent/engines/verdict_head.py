@@ -31,6 +31,7 @@ from specagent.core.verify import verify_messages
 from specagent.engines.render import FULL, PromptProfile, render_prompt
 
 HEAD_FILE = "verdict.json"
+DEFAULT_THRESHOLD = 0.5  # P(valid) a step needs when no calibrated threshold is known
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class HeadSpec:
     yes: str = "yes"
     no: str = "no"
     boundary: str = "<|im_end|>"
-    threshold: float = 0.5
+    threshold: float = DEFAULT_THRESHOLD
     base_model: str | None = None
     kind: str = "head"
 

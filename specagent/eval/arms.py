@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from specagent.config import ArmConfig, EvalConfig, RunConfig, VerifierConfig
+from specagent.config import ArmConfig, EvalConfig, RuntimeSpec, VerifierConfig
 from specagent.core.errors import ConfigError
 from specagent.engines.verdict_head import head_adapter_dir
 from specagent.runtime.assembly import adapter_dir
@@ -76,13 +76,11 @@ def with_shared_adapters(cfg: EvalConfig) -> EvalConfig:
     })
 
 
-def arm_run_config(cfg: EvalConfig, run: ArmRun) -> RunConfig:
-    """The `specagent run` config of one arm: the shared parts plus the arm's own."""
+def arm_spec(cfg: EvalConfig, run: ArmRun) -> RuntimeSpec:
+    """The runtime of one arm: the eval's environment, models and protocol, with the arm's
+    drafter adapter and verifier (at the sweep's threshold)."""
     verifier = run.arm.verifier or VerifierConfig()
     if run.threshold is not None:
         verifier = verifier.model_copy(update={"threshold": run.threshold})
-    return RunConfig(
-        mode=run.arm.mode, env=cfg.env, strong=cfg.strong, weak=cfg.weak, drafter_adapter=run.arm.drafter_adapter,
-        verifier=verifier, protocol=cfg.protocol, trials=cfg.trials, output_dir=cfg.output_dir, resume=cfg.resume,
-        transcript=False,
-    )
+    return RuntimeSpec(env=cfg.env, strong=cfg.strong, weak=cfg.weak, drafter_adapter=run.arm.drafter_adapter,
+                       verifier=verifier, protocol=cfg.protocol)

@@ -10,10 +10,18 @@ from typing import Any
 
 from specagent.config import EvalConfig
 from specagent.engines import EnginePool
-from specagent.eval.arms import arm_run_config, expand_arms, with_shared_adapters
-from specagent.runtime.episodes import run_tasks
+from specagent.eval.arms import arm_spec, expand_arms, with_shared_adapters
 from specagent.eval.report import write_report
-from specagent.runtime.assembly import build_env, build_models, check_models, needed_roles, open_run, protocol_config, scripted_policy
+from specagent.runtime.assembly import (
+    build_env,
+    build_models,
+    check_models,
+    needed_roles,
+    open_run,
+    protocol_config,
+    scripted_policy,
+)
+from specagent.runtime.episodes import run_tasks
 
 
 def eval_from_config(cfg: EvalConfig) -> dict[str, Any]:
@@ -23,7 +31,7 @@ def eval_from_config(cfg: EvalConfig) -> dict[str, Any]:
 
     def check(env) -> None:
         for run in runs:
-            check_models(arm_run_config(shared, run), env, (run.arm.mode,))
+            check_models(arm_spec(shared, run), env, (run.arm.mode,))
 
     env, tasks, out_dir, episodes = open_run(cfg, check)
     roles = {role: getattr(shared, role) for run in runs for role in needed_roles(run.arm.mode)}
@@ -31,10 +39,10 @@ def eval_from_config(cfg: EvalConfig) -> dict[str, Any]:
     try:
         pool.for_roles(roles, scripted_policy(env, roles.values()))  # every engine once, every adapter on it
         for run in runs:
-            run_cfg = arm_run_config(shared, run)
-            models = build_models(run_cfg, env, pool, (run_cfg.mode,), batch=cfg.concurrency > 1)
+            spec = arm_spec(shared, run)
+            models = build_models(spec, env, pool, (run.arm.mode,), batch=cfg.concurrency > 1)
             names = {r: getattr(models, r).model_name for r in ("strong", "weak") if getattr(models, r) is not None}
-            run_tasks(env, tasks, [run_cfg.mode], models, protocol_config(run_cfg), episodes,
+            run_tasks(env, tasks, [run.arm.mode], models, protocol_config(cfg.protocol, cfg.env), episodes,
                       trials=cfg.trials, model_names=names, arm=run.label, concurrency=cfg.concurrency,
                       env_factory=lambda: build_env(cfg.env))
     finally:

@@ -14,8 +14,8 @@ from specagent.config import EvalConfig, load_config
 from specagent.core.errors import ConfigError
 from specagent.core.metrics import summarize
 from specagent.eval.arms import ArmRun, expand_arms
-from specagent.runtime.episodes import read_episodes
 from specagent.eval.plots import PLOTS, write_plots
+from specagent.runtime.episodes import read_episodes
 from specagent.runtime.transcript import console
 
 REPORT_FORMAT = "specagent.report/v1"

@@ -12,34 +12,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from specagent.config import EnvConfig, RunConfig, check_resume
+from specagent.config import EnvConfig, ProtocolSettings, RuntimeSpec, check_resume
+from specagent.core.canonical import same_step
 from specagent.core.classify import classify_tools, terminal_tools
 from specagent.core.errors import ConfigError
 from specagent.core.files import check_output_dir
-from specagent.core.canonical import same_step
 from specagent.core.interfaces import Environment, HasExpert, TokenScorer, Verifier
-from specagent.core.types import DraftedStep, Message
 from specagent.core.protocol import Models, ProtocolConfig
+from specagent.core.types import DraftedStep, Message
 from specagent.core.verify import GenerativeVerifier, render_steps
-from specagent.engines.scripted import ScriptedVerifier
 from specagent.engines import EnginePool, build_engine
 from specagent.engines.batching import batching_engines
+from specagent.engines.scripted import ScriptedVerifier
 from specagent.engines.verdict_head import HeadVerifier, head_adapter_dir
 from specagent.runtime.episodes import read_episodes
 from specagent.runtime.provenance import write_run_info
 
-HEAD_ADAPTER = "verdict-head"  # the name a verdict head is registered under on the strong engine
+# the names adapters given by path are registered under on their engines
+DRAFTER_ADAPTER = "drafter"  # on the weak engine
+VERDICT_ADAPTER = "verdict"  # a generative verdict adapter, on the strong engine
+HEAD_ADAPTER = "verdict-head"  # a verdict head, on the strong engine
 
 
 def build_env(cfg: EnvConfig) -> Environment:
-    if cfg.name != "store" and (cfg.split is not None or cfg.user != "ticket"):
-        raise ConfigError(f"env.split and env.user are for the store environment, not {cfg.name!r}")
+    if cfg.name == "replay":
+        raise ConfigError("env.name 'replay' is the recorded log of `specagent mine`; it runs no episodes")
     match cfg.name:
         case "store":
             from specagent.envs.store import StoreEnv
 
-            if cfg.split and cfg.tasks_path:
-                raise ConfigError("env.split and env.tasks_path exclude each other: a split brings its own tasks")
             return StoreEnv(tasks_path=cfg.tasks_path or None, split=cfg.split, user=cfg.user)
         case "airline":
             return airline_env(cfg)
@@ -50,10 +51,7 @@ def build_env(cfg: EnvConfig) -> Environment:
 
 def airline_env(cfg: EnvConfig) -> Environment:
     """The environment of ``env: {name: airline, airline: {data_dir, runs, user}}``."""
-    settings = cfg.airline
-    if settings is None:
-        raise ConfigError("env.airline: `name: airline` needs `airline: {data_dir: DIR}` "
-                          "(the tau-bench airline data: flights.json, reservations.json, users.json, runs)")
+    settings = cfg.airline  # the schema requires it for `name: airline`
     if cfg.tasks_path:
         raise ConfigError("env.tasks_path: the airline tasks come from the runs file; set env.airline.runs instead")
     user_engine = None
@@ -69,8 +67,6 @@ def airline_env(cfg: EnvConfig) -> Environment:
 
 def mcp_env(cfg: EnvConfig) -> Environment:
     """The MCP environment of a run config (`env.name: mcp`)."""
-    if cfg.mcp is None:
-        raise ConfigError("env.name 'mcp' needs an `env.mcp:` section with its `servers:` and `tasks_path:`")
     path = cfg.mcp.tasks_path or cfg.tasks_path
     if path is None:
         raise ConfigError("env.mcp.tasks_path: the MCP environment needs a task file (YAML or JSONL)")
@@ -98,14 +94,15 @@ def select_tasks(env: Environment, cfg: EnvConfig) -> list[str]:
     return chosen[: cfg.limit] if cfg.limit else chosen
 
 
-def protocol_config(cfg: RunConfig) -> ProtocolConfig:
+def protocol_config(protocol: ProtocolSettings, env: EnvConfig) -> ProtocolConfig:
+    """The protocol's settings for episodes on ``env``: its tool timeout and the user's lists."""
     return ProtocolConfig(
-        max_draft_steps=cfg.protocol.max_draft_steps,
-        max_steps=cfg.protocol.max_steps,
-        max_tokens=cfg.protocol.max_tokens,
-        tool_timeout_s=cfg.env.tool_timeout_s,
-        read_only=tuple(cfg.env.read_only),
-        write=tuple(cfg.env.write),
+        max_draft_steps=protocol.max_draft_steps,
+        max_steps=protocol.max_steps,
+        max_tokens=protocol.max_tokens,
+        tool_timeout_s=env.tool_timeout_s,
+        read_only=tuple(env.read_only),
+        write=tuple(env.write),
     )
 
 
@@ -189,14 +186,14 @@ class ModelPlan:
     wants_verifier: bool
 
 
-def plan_models(cfg: RunConfig, modes: tuple[str, ...]) -> ModelPlan:
+def plan_models(cfg: RuntimeSpec, modes: tuple[str, ...]) -> ModelPlan:
     """The models of `modes`, checked as far as can be without loading one: every adapter is a
     dir or a name of its engine, a verdict head is there and its engine can score. ConfigError otherwise."""
     roles = sorted({role for mode in modes for role in needed_roles(mode)})
     configs = {r: getattr(cfg, r) for r in roles}
     weak_adapter, verdict_adapter, head = cfg.drafter_adapter, cfg.verifier.adapter, None
     if "weak" in configs:
-        configs["weak"], weak_adapter = resolve_adapter(configs["weak"], weak_adapter, "drafter", "drafter_adapter")
+        configs["weak"], weak_adapter = resolve_adapter(configs["weak"], weak_adapter, DRAFTER_ADAPTER, "drafter_adapter")
     wants_verifier = "strong" in configs and "specagent" in modes
     if wants_verifier and cfg.verifier.kind == "head":
         head = head_adapter_dir(cfg.verifier.head)
@@ -205,19 +202,19 @@ def plan_models(cfg: RunConfig, modes: tuple[str, ...]) -> ModelPlan:
                               f"({' or '.join(SCORING_BACKENDS)}), not {cfg.strong.backend!r}")
         configs["strong"] = with_adapter(configs["strong"], HEAD_ADAPTER, str(head))
     elif wants_verifier:
-        configs["strong"], verdict_adapter = resolve_adapter(configs["strong"], verdict_adapter, "verdict",
+        configs["strong"], verdict_adapter = resolve_adapter(configs["strong"], verdict_adapter, VERDICT_ADAPTER,
                                                              "verifier.adapter")
     return ModelPlan(configs, weak_adapter, verdict_adapter, head, wants_verifier)
 
 
-def check_models(cfg: RunConfig, env: Environment, modes: tuple[str, ...]) -> ModelPlan:
+def check_models(cfg: RuntimeSpec, env: Environment, modes: tuple[str, ...]) -> ModelPlan:
     """`plan_models`, and the scripted backend has the environment's expert to play."""
     plan = plan_models(cfg, modes)
     scripted_policy(env, list(plan.configs.values()))
     return plan
 
 
-def build_verifier(cfg: RunConfig, plan: ModelPlan, strong: Any, env: Environment) -> Verifier:
+def build_verifier(cfg: RuntimeSpec, plan: ModelPlan, strong: Any, env: Environment) -> Verifier:
     """Every kind of verifier, built in one place: the strong model's generative verdict (base
     weights or a verdict adapter), a trained head read at step boundaries (no token decoded),
     or the environment's expert (`scripted`, tests only)."""
@@ -233,7 +230,7 @@ def build_verifier(cfg: RunConfig, plan: ModelPlan, strong: Any, env: Environmen
 
 
 def build_models(
-    cfg: RunConfig, env: Environment, pool: EnginePool, modes: tuple[str, ...], batch: bool = False
+    cfg: RuntimeSpec, env: Environment, pool: EnginePool, modes: tuple[str, ...], batch: bool = False
 ) -> Models:
     """Engines per role (shared where the configs match), adapters given by path registered on
     the engine that serves them, and the verifier (`build_verifier`). ``batch``: the

@@ -19,9 +19,21 @@ from typing import Any, Callable, Sequence
 from specagent.core.classify import classify_tools, step_kind
 from specagent.core.draft import DraftJob, draft_batch
 from specagent.core.interfaces import ChatEngine, Environment
-from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall, Trajectory, Usage
-from specagent.runtime.labelers import judge_labels, match_labels, reference_steps, rollout_labels
-
+from specagent.core.types import (
+    DraftedStep,
+    Message,
+    Segment,
+    StepKind,
+    ToolCall,
+    Trajectory,
+    Usage,
+)
+from specagent.runtime.labelers import (
+    judge_labels,
+    match_labels,
+    reference_steps,
+    rollout_labels,
+)
 
 SEGMENT_FORMAT = "specagent.segment/v1"
 
@@ -316,10 +328,10 @@ RestoreFor = Callable[[Trajectory, int], Callable[[], Environment]]
 def draft_settings(cfg: Any, **overrides: Any) -> DraftSettings:
     """The DRAFT and labeling rules of a mine config (`MineConfig`), as mining applies them."""
     settings = DraftSettings(
-        labelers=tuple(cfg.labelers), window=cfg.window, max_draft_steps=cfg.max_draft_steps,
-        max_tokens=cfg.max_tokens, drafter_adapter=cfg.drafter_adapter, max_cuts=cfg.max_cuts_per_trajectory,
+        labelers=tuple(cfg.labelers), window=cfg.window, max_draft_steps=cfg.protocol.max_draft_steps,
+        max_tokens=cfg.protocol.max_tokens, drafter_adapter=cfg.drafter_adapter, max_cuts=cfg.max_cuts_per_trajectory,
         rollout_steps=cfg.rollout_steps, reference_segments=cfg.reference_segments,
-        batch_trajectories=cfg.batch_trajectories, read_only=tuple(cfg.read_only), write=tuple(cfg.write),
+        batch_trajectories=cfg.batch_trajectories, read_only=tuple(cfg.env.read_only), write=tuple(cfg.env.write),
     )
     return replace(settings, **overrides)
 
@@ -329,20 +341,18 @@ def drafting_environment(cfg: Any, trajectories: Sequence[Trajectory],
     """How drafted lookups are answered at a cut point, per a mine config: from the recorded
     log (`env: replay`; no restore, so no rollouts) or by a live environment restored to the
     cut point (a fresh one per cut point)."""
-    if cfg.env == "replay":
+    if cfg.env.name == "replay":
         from specagent.envs.replay import ReplayEnv
 
-        replay = ReplayEnv(trajectories, read_only=cfg.read_only, write=cfg.write)
+        replay = ReplayEnv(trajectories, read_only=cfg.env.read_only, write=cfg.env.write)
         return (lambda traj, cuts: replay_jobs(replay, traj, cuts, settings.max_draft_steps)), None
     from specagent.runtime.assembly import build_env
 
-    env_cfg = cfg.live_env_config()
-
     def make_env() -> Environment:
-        return build_env(env_cfg)
+        return build_env(cfg.env)
 
     def read_only_of(traj: Trajectory) -> dict[str, bool]:
-        return classify_tools(traj.tools, cfg.read_only, cfg.write, strict=False)
+        return classify_tools(traj.tools, cfg.env.read_only, cfg.env.write, strict=False)
 
     def jobs_for(traj: Trajectory, cuts: Sequence[int]) -> list[DraftJob]:
         return live_jobs(make_env, traj, cuts, settings.max_draft_steps, read_only_of(traj))

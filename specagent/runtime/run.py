@@ -11,7 +11,13 @@ from specagent.core.metrics import summarize
 from specagent.core.protocol import Episode, Models
 from specagent.engines import EnginePool
 from specagent.engines.batching import batch_report
-from specagent.runtime.assembly import build_env, build_models, check_models, open_run, protocol_config
+from specagent.runtime.assembly import (
+    build_env,
+    build_models,
+    check_models,
+    open_run,
+    protocol_config,
+)
 from specagent.runtime.episodes import run_tasks
 from specagent.runtime.transcript import print_summary, print_transcript
 
@@ -31,7 +37,7 @@ def run_from_config(cfg: RunConfig) -> dict[str, Any]:
                 print_transcript(ep, record)
 
         began = time.perf_counter()
-        records = run_tasks(env, tasks, [cfg.mode], models, protocol_config(cfg), episodes,
+        records = run_tasks(env, tasks, [cfg.mode], models, protocol_config(cfg.protocol, cfg.env), episodes,
                             trials=cfg.trials, model_names=names, on_episode=on_episode,
                             concurrency=cfg.concurrency, env_factory=lambda: build_env(cfg.env))
         rate = throughput(len(finished), time.perf_counter() - began, cfg.concurrency, models)

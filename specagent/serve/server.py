@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specagent.config import ServeConfig
 from specagent.core.errors import EngineError, SpecAgentError
+from specagent.core.protocol import Mode
 from specagent.core.types import Message
 from specagent.serve.service import (
     BadHistory,
@@ -46,7 +47,6 @@ from specagent.serve.service import (
     chat_completion,
 )
 
-Mode = Literal["strong", "weak", "stepwise", "specagent"]
 STATUS = {UnknownTask: 404, UnknownConversation: 404, HistoryMismatch: 409, BadHistory: 400, ModeNotAllowed: 403}
 
 

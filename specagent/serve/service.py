@@ -24,16 +24,16 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from specagent.config import RunConfig, ServeConfig
+from specagent.config import ServeConfig
 from specagent.core.canonical import canonical_call
 from specagent.core.errors import SpecAgentError
 from specagent.core.interfaces import Environment, Reward
 from specagent.core.protocol import Episode, EpisodeRunner, run_episode
 from specagent.core.types import Message, ToolCall, ToolSpec
 from specagent.engines import EnginePool
+from specagent.runtime.assembly import build_env, build_models, protocol_config
 from specagent.runtime.episodes import episode_record
 from specagent.serve.metrics import ServiceMetrics
-from specagent.runtime.assembly import build_env, build_models, protocol_config
 
 
 class UnknownTask(SpecAgentError):
@@ -54,12 +54,6 @@ class BadHistory(SpecAgentError):
 
 class ModeNotAllowed(SpecAgentError):
     """A mode this server does not offer (403)."""
-
-
-def run_config(cfg: ServeConfig) -> RunConfig:
-    """The serve config as the run config that the shared runtime builders take."""
-    return RunConfig(env=cfg.env, strong=cfg.strong, weak=cfg.weak, drafter_adapter=cfg.drafter_adapter,
-                     verifier=cfg.verifier, protocol=cfg.protocol)
 
 
 class ClientIsUser:
@@ -139,15 +133,14 @@ class Service:
     """Engines built once; episodes and chat turns run one at a time (a lock around the engines)."""
 
     def __init__(self, cfg: ServeConfig, env_factory: Callable[[], Environment] | None = None) -> None:
-        run = run_config(cfg)
         self.cfg = cfg
         self.env_factory = env_factory or (lambda: build_env(cfg.env))
         self.env = self.env_factory()
-        self.protocol = protocol_config(run)
+        self.protocol = protocol_config(cfg.protocol, cfg.env)
         self.pool = EnginePool()
         try:
             modes = tuple({*cfg.modes, "specagent"})  # chat turns always run the protocol
-            self.models = build_models(run, self.env, self.pool, modes)
+            self.models = build_models(cfg, self.env, self.pool, modes)
         except BaseException:
             self.pool.close()
             raise

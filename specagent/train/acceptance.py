@@ -21,7 +21,12 @@ from specagent.core.draft import DraftJob
 from specagent.core.errors import ConfigError
 from specagent.core.types import Trajectory
 from specagent.runtime.drafting import (
-    DraftSettings, DraftStats, draft_settings, draft_trajectory, drafting_environment, segment_stats,
+    DraftSettings,
+    DraftStats,
+    draft_settings,
+    draft_trajectory,
+    drafting_environment,
+    segment_stats,
 )
 
 
@@ -49,7 +54,7 @@ def held_out(settings: AcceptanceSettings) -> HeldOut:
         raise ConfigError(f"acceptance.mined: {mined} has no validation tasks (mine with validation_fraction > 0)")
     trajectories = [t for t in read_trajectories(mine.trajectories)[:: mine.stride][: mine.limit]
                     if t.task_id in validation][: settings.limit]
-    mine_settings = draft_settings(mine, labelers=("match",), max_tokens=settings.max_tokens or mine.max_tokens,
+    mine_settings = draft_settings(mine, labelers=("match",), max_tokens=settings.max_tokens or mine.protocol.max_tokens,
                                    max_cuts=settings.max_cuts_per_trajectory, drafter_adapter=None,
                                    reference_segments=False, batch_trajectories=1)
     jobs_for, _ = drafting_environment(mine, trajectories, mine_settings)

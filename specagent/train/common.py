@@ -18,8 +18,6 @@ from specagent.config import LoraSettings, OptimSettings, check_resume
 from specagent.core.errors import ConfigError
 from specagent.core.files import check_output_dir
 
-DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": "auto"}
-
 
 def set_threads(threads: int | None) -> None:
     """torch's CPU threads: the configured count, else the cores this process may use."""

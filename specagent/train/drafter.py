@@ -21,11 +21,18 @@ from specagent.core.errors import ConfigError
 from specagent.core.types import Message, ToolSpec
 from specagent.engines.render import FULL, PromptProfile, profile_named
 from specagent.records.rows import chat_json, to_dataset_dict, trajectory_rows
-from specagent.train.common import (
-    DTYPES, JsonlLog, check_training, is_main_process, load_splits, load_tokenizer, lora_config, model_dir,
-    set_threads, training_kwargs,
-)
 from specagent.runtime.provenance import write_run_info
+from specagent.train.common import (
+    JsonlLog,
+    check_training,
+    is_main_process,
+    load_splits,
+    load_tokenizer,
+    lora_config,
+    model_dir,
+    set_threads,
+    training_kwargs,
+)
 
 COLUMNS = ("messages", "tools")
 
@@ -92,7 +99,7 @@ def drafter_trainer(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any =
     if model is None:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype])
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=cfg.dtype)
     if cfg.from_layers is not None:
         model = first_layers(model, cfg.from_layers)
     profile = training_profile(cfg, path)

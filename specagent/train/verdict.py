@@ -26,12 +26,24 @@ from typing import Any, Sequence
 from specagent.config import VerdictTrainConfig
 from specagent.core.errors import ConfigError
 from specagent.core.types import Message, ToolSpec
-from specagent.engines.verdict_head import HeadSpec, boundary_positions, probability
-from specagent.train.common import (
-    DTYPES, JsonlLog, check_training, is_main_process, load_splits, load_tokenizer, lora_config, model_dir,
-    set_threads, training_kwargs,
+from specagent.engines.verdict_head import (
+    DEFAULT_THRESHOLD,
+    HeadSpec,
+    boundary_positions,
+    probability,
 )
 from specagent.runtime.provenance import write_run_info
+from specagent.train.common import (
+    JsonlLog,
+    check_training,
+    is_main_process,
+    load_splits,
+    load_tokenizer,
+    lora_config,
+    model_dir,
+    set_threads,
+    training_kwargs,
+)
 from specagent.train.verdict_metrics import calibrate, head_metrics, prefix_metrics
 
 # --------------------------------------------------------------------- data
@@ -149,7 +161,7 @@ def head_model(cfg: VerdictTrainConfig, model: Any = None) -> Any:
     if model is None:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(model_dir(cfg.model, cfg.gguf_file), dtype=DTYPES[cfg.dtype])
+        model = AutoModelForCausalLM.from_pretrained(model_dir(cfg.model, cfg.gguf_file), dtype=cfg.dtype)
     return get_peft_model(model, lora_config(cfg.lora, "CAUSAL_LM"))
 
 
@@ -214,16 +226,16 @@ def score_boundaries(model: Any, dataset: Any, collator: BoundaryCollator, candi
 
 
 def evaluate_head(cfg: VerdictTrainConfig, trainer: Any, validation: Any) -> dict[str, Any]:
-    """Validation figures at 0.5 and at the threshold calibrated for `target_false_accept`.
+    """Validation figures at DEFAULT_THRESHOLD (0.5) and at the threshold calibrated for `target_false_accept`.
     (Calibrating and reporting on the same split is optimistic; the calibrated threshold
     is what the runtime should use, and a fresh split should confirm it.)"""
     if validation is None or len(validation) == 0:
-        return {"validation": None, "threshold": 0.5}
+        return {"validation": None, "threshold": DEFAULT_THRESHOLD}
     rows = validation.select(range(min(cfg.eval_limit or len(validation), len(validation))))
     scores, labels = score_boundaries(trainer.model, rows, trainer.data_collator, trainer.candidates,
                                       cfg.train.batch_size)
     threshold = calibrate(scores, labels, cfg.target_false_accept)
-    return {"threshold": threshold, "at_0.5": head_metrics(scores, labels, 0.5),
+    return {"threshold": threshold, "at_0.5": head_metrics(scores, labels, DEFAULT_THRESHOLD),
             "calibrated": head_metrics(scores, labels, threshold), "target_false_accept": cfg.target_false_accept}
 
 
@@ -239,7 +251,7 @@ def generative_trainer(cfg: VerdictTrainConfig, model: Any = None, tokenizer: An
     if model is None:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype])
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=cfg.dtype)
     train, validation = load_splits(cfg.dataset, cfg.limit)
     columns = ["prompt", "completion", "tools"]
     # the completion's tokens only (the verdict and its <|im_end|>): completion mask AND assistant mask
@@ -302,7 +314,7 @@ def save_verdict(cfg: VerdictTrainConfig, trainer: Any, metrics: dict[str, Any])
     if trainer.is_world_process_zero():
         trainer.processing_class.save_pretrained(str(out / "adapter"))
         if cfg.kind == "head":
-            HeadSpec(threshold=metrics.get("threshold", 0.5), base_model=cfg.model).save(
+            HeadSpec(threshold=metrics.get("threshold", DEFAULT_THRESHOLD), base_model=cfg.model).save(
                 out / "adapter", gguf_file=cfg.gguf_file, target_false_accept=cfg.target_false_accept)
         else:
             (out / "adapter" / "verdict.json").write_text(json.dumps(

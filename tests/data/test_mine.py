@@ -12,14 +12,18 @@ from specagent.core.errors import EngineUnavailable
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import DraftedStep, Message, StepKind, ToolCall, Trajectory
 from specagent.data.datasets import finalize
-from specagent.runtime.drafting import segment_stats
-from specagent.runtime.labelers import match_labels, overlap_judge, prefix_closed
-from specagent.runtime.drafting import DraftSettings, live_jobs, replay_jobs
-from specagent.data.mine import mine_shard, Shard
+from specagent.data.mine import Shard, mine_shard
 from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.replay import ReplayEnv
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy
+from specagent.runtime.drafting import (
+    DraftSettings,
+    live_jobs,
+    replay_jobs,
+    segment_stats,
+)
+from specagent.runtime.labelers import match_labels, overlap_judge, prefix_closed
 
 TASKS = ["lookup_01", "lookup_02", "single_write_01", "lookups_then_write_01", "policy_forbids_01", "multi_write_01"]
 
@@ -244,8 +248,8 @@ def test_verdict_labels_sit_exactly_on_step_boundaries(store_trajectories, tmp_p
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from specagent.train.verdict import IGNORE, token_labels
     from specagent.engines.models import materialize
+    from specagent.train.verdict import IGNORE, token_labels
 
     mine_all(store_trajectories, tmp_path, ScriptedEngine(noisy_expert(StoreEnv())))
     verdict = load_from_disk(str(tmp_path / "verdict"))["train"]
@@ -283,8 +287,8 @@ def test_judge_labeler_uses_the_strong_verdict_with_the_reference_shown():
 
 
 def test_rollout_labeler_scores_drafted_prefixes_by_the_environment_reward(store_trajectories):
-    from specagent.runtime.labelers import rollout_labels
     from specagent.runtime.drafting import restore
+    from specagent.runtime.labelers import rollout_labels
 
     traj = next(t for t in store_trajectories if t.task_id == "single_write_01")
     read_only = classify_tools(traj.tools)

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specagent.core.errors import ContextLengthExceeded, EngineError
-from specagent.core.toolcalls import parse_assistant_text
 from specagent.core.interfaces import ChatEngine, ChatRequest
+from specagent.core.toolcalls import parse_assistant_text
 from specagent.core.types import Message, ToolCall, ToolSpec
 from specagent.engines.models import materialize
 from specagent.engines.render import load_template, render_prompt, template_messages

@@ -15,8 +15,17 @@ import yaml
 from specagent.core.errors import EngineError
 from specagent.engines import vllm_server, vllm_start
 from specagent.engines.vllm_start import (
-    ARG, ENV, GiB, MiB, cpu_engine_kwargs, cpu_server_args, kv_bytes_per_token, kv_cache_bytes, log_cause,
-    plan_kv_cache, start_error,
+    ARG,
+    ENV,
+    GiB,
+    MiB,
+    cpu_engine_kwargs,
+    cpu_server_args,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    log_cause,
+    plan_kv_cache,
+    start_error,
 )
 
 ROOT = Path(__file__).resolve().parents[2]

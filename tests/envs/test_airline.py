@@ -17,13 +17,19 @@ from specagent.core.errors import ConfigError
 from specagent.core.interfaces import Environment
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Message, StepKind, ToolCall, Trajectory
-from specagent.runtime.drafting import draft_trajectory, DraftSettings, DraftStats, live_jobs, restore
 from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.airline import AirlineEnv, ticket_request
-from specagent.runtime.assembly import build_env
 from specagent.envs.airline.conformance import check, render
 from specagent.envs.airline.data import data_hash
 from specagent.envs.airline.tools import TOOL_SPECS
+from specagent.runtime.assembly import build_env
+from specagent.runtime.drafting import (
+    DraftSettings,
+    DraftStats,
+    draft_trajectory,
+    live_jobs,
+    restore,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = Path(os.environ.get(
@@ -291,13 +297,13 @@ def test_missing_data_is_a_clear_config_error(tmp_path):
     with pytest.raises(ConfigError, match="lacks flights.json, reservations.json, users.json"):
         AirlineEnv(tmp_path)
     with pytest.raises(ConfigError, match="needs `airline: {data_dir: DIR}`"):
-        build_env(EnvConfig(name="airline"))
+        load_config(EnvConfig, None, ["name=airline"])
     with pytest.raises(ConfigError, match="user_model"):
         load_config(EnvConfig, None, ["name=airline", "airline.data_dir=x", "airline.user=simulated"])
     with pytest.raises(ConfigError, match="env.airline.user_model: the scripted backend needs a policy"):
         settings = AirlineEnvSettings(data_dir=str(DATA), user="simulated", user_model={"backend": "scripted"})
         build_env(EnvConfig(name="airline", airline=settings))
-    with pytest.raises(ConfigError, match="env_data_dir"):
+    with pytest.raises(ConfigError, match=r"env: .*needs `airline: \{data_dir: DIR\}`"):
         load_config(MineConfig, None, ["trajectories=t.jsonl", "env=airline"])
 
 
@@ -332,7 +338,7 @@ def test_live_mining_restores_the_cut_and_grounds_drafts_in_real_lookups():
     mine_cfg = MineConfig(trajectories="-", env="airline", env_data_dir=str(DATA), env_tasks_path=str(RUNS))
 
     def make() -> AirlineEnv:  # what `specagent mine` builds
-        return build_env(mine_cfg.live_env_config())
+        return build_env(mine_cfg.env)
 
     def jobs_for(t, cuts):
         return live_jobs(make, t, cuts, settings.max_draft_steps, read_only)

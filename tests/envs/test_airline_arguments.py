@@ -36,8 +36,14 @@ from hypothesis import strategies as st
 
 from specagent.envs.airline.data import data_hash
 from specagent.envs.airline.tools import (
-    NEW_CERTIFICATE_IDS, NEW_RESERVATION_IDS, PARAMETERS, TAU_BENCH_CLASSES, TOOL_FUNCTIONS, TOOL_SPECS,
-    binding_problem, run_tool,
+    NEW_CERTIFICATE_IDS,
+    NEW_RESERVATION_IDS,
+    PARAMETERS,
+    TAU_BENCH_CLASSES,
+    TOOL_FUNCTIONS,
+    TOOL_SPECS,
+    binding_problem,
+    run_tool,
 )
 
 READ_TOOLS = {"get_user_details", "get_reservation_details", "search_direct_flight", "search_onestop_flight",

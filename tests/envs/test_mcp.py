@@ -13,18 +13,24 @@ from pathlib import Path
 import mcp_types as types
 import pytest
 
-from specagent.config import EnvConfig, McpEnvSettings, McpServerSettings, RunConfig, load_config
+from specagent.config import (
+    EnvConfig,
+    McpEnvSettings,
+    McpServerSettings,
+    RunConfig,
+    load_config,
+)
 from specagent.core.errors import ConfigError, TaskFileError
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Message, StepStatus, ToolCall
 from specagent.engines.scripted import ScriptedEngine, ScriptedVerifier
 from specagent.envs.mcp import McpEnv, load_tasks
-from specagent.runtime.assembly import build_env
 from specagent.envs.mcp.client import declared_read_only, tool_spec
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.env import DB_PATH, canonical_hash
 from specagent.envs.store.expert import expert_policy
 from specagent.envs.store.tools import TOOL_SPECS, run_tool
+from specagent.runtime.assembly import build_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = McpServerSettings(name="toy", command=[sys.executable, str(Path(__file__).with_name("mcp_toy_server.py"))])

@@ -10,7 +10,6 @@ from specagent.core.interfaces import Environment
 from specagent.core.types import Message, ToolCall, ToolSpec, Trajectory
 from specagent.data.importers import convert_files
 from specagent.envs.replay import UNRECORDED_PREFIX, ReplayEnv
-
 from tests.data.conftest import AIRLINE_YAML, FIXTURES, airline_import, airline_path  # noqa: F401 (fixtures)
 
 OBJ = {"type": "object", "properties": {}}

@@ -13,7 +13,6 @@ import pytest
 from specagent.core.canonical import canonical_call
 from specagent.core.types import ToolCall, Trajectory
 from specagent.envs.replay import ReplayEnv
-
 from tests.data.conftest import AIRLINE_RUNS, airline_import, airline_path  # noqa: F401 (fixtures)
 
 

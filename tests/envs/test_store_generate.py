@@ -11,7 +11,7 @@ import time
 import pytest
 
 from specagent.cli import main
-from specagent.config import EnvConfig
+from specagent.config import EnvConfig, load_config
 from specagent.core.errors import ConfigError
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Message
@@ -19,7 +19,14 @@ from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.store import StoreEnv, generate
 from specagent.envs.store.build_db import PEOPLE, build_db
 from specagent.envs.store.build_tasks import render_tasks
-from specagent.envs.store.env import ALL_CATEGORIES, CATEGORIES, SPLITS, TASKS_PATH, canonical_hash, normalize_text
+from specagent.envs.store.env import (
+    ALL_CATEGORIES,
+    CATEGORIES,
+    SPLITS,
+    TASKS_PATH,
+    canonical_hash,
+    normalize_text,
+)
 from specagent.envs.store.expert import expert_policy, expert_steps
 from specagent.envs.store.tools import run_tool
 from specagent.runtime.assembly import build_env
@@ -298,12 +305,13 @@ def test_build_env_passes_split_and_user():
     env = build_env(EnvConfig(split="calibration", user="multi_turn"))
     assert (env.split, env.user, len(env.task_ids())) == ("calibration", "multi_turn", len(generated("calibration")))
     assert build_env(EnvConfig()).split is None
-    with pytest.raises(ConfigError, match="store"):
-        build_env(EnvConfig(name="mcp", split="train"))
-    with pytest.raises(ConfigError, match="store"):
-        build_env(EnvConfig(name="airline", user="multi_turn"))
+    # the config refuses what the store alone can do, before any environment is built
+    with pytest.raises(ConfigError, match="split and user are for the store environment"):
+        load_config(EnvConfig, None, ["name=mcp", "split=train"])
+    with pytest.raises(ConfigError, match="split and user are for the store environment"):
+        load_config(EnvConfig, None, ["name=airline", "airline.data_dir=x", "user=multi_turn"])
     with pytest.raises(ConfigError, match="exclude"):
-        build_env(EnvConfig(split="train", tasks_path=str(TASKS_PATH)))
+        load_config(EnvConfig, None, ["split=train", f"tasks_path={TASKS_PATH}"])
 
 
 def test_cli_lists_a_splits_tasks(capsys):

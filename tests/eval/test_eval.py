@@ -11,7 +11,13 @@ import pytest
 
 import specagent.engines
 from specagent.cli import main
-from specagent.config import ArmConfig, EngineConfig, EvalConfig, VerifierConfig, load_config
+from specagent.config import (
+    ArmConfig,
+    EvalConfig,
+    TransformersEngineConfig,
+    VerifierConfig,
+    load_config,
+)
 from specagent.core.accounting import Ledger
 from specagent.core.canonical import same_step
 from specagent.core.errors import ConfigError
@@ -22,9 +28,9 @@ from specagent.engines.scripted import ScriptedEngine, ScriptedVerifier
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy, expert_steps
 from specagent.eval.arms import expand_arms, with_shared_adapters
-from specagent.runtime.episodes import read_episodes, run_tasks
 from specagent.eval.report import COLUMNS, write_report
 from specagent.runtime.assembly import write_run_info
+from specagent.runtime.episodes import read_episodes, run_tasks
 
 TASKS = ["lookup_01", "lookup_02", "lookup_03", "lookup_04"]
 WEAK_FAILS = {"lookup_03", "lookup_04"}  # the weak model only apologises on these
@@ -184,7 +190,7 @@ def _adapter(path, *files):
 def test_adapters_of_all_arms_go_on_the_shared_engines(tmp_path):
     a, b, v = _adapter(tmp_path / "a"), _adapter(tmp_path / "b" / "adapter"), _adapter(tmp_path / "v")
     head = _adapter(tmp_path / "head" / "adapter", "verdict.json")
-    cfg = EvalConfig(weak=EngineConfig(adapters={"mine": a}), arms=[
+    cfg = EvalConfig(weak=TransformersEngineConfig(adapters={"mine": a}), arms=[
         ArmConfig(name="a", mode="specagent", drafter_adapter="mine"),
         ArmConfig(name="b", mode="weak", drafter_adapter=str(tmp_path / "b")),  # an export dir: its adapter/
         ArmConfig(name="c", mode="stepwise", drafter_adapter=b),

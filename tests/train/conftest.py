@@ -13,12 +13,12 @@ from specagent.config import MineConfig, dump_config
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Trajectory
 from specagent.data.datasets import finalize
-from specagent.runtime.drafting import DraftSettings
 from specagent.data.mine import mine_shard
-from specagent.records.trajectories import write_trajectories
 from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy
+from specagent.records.trajectories import write_trajectories
+from specagent.runtime.drafting import DraftSettings
 from tests.data.test_mine import TASKS, noisy_expert, store_jobs
 
 VALIDATION = ["single_write_01", "lookups_then_write_01"]
