@@ -16,7 +16,6 @@ from pathlib import Path
 import yaml
 
 from specagent.core.interfaces import ScoreRequest
-from specagent.core.types import Message, ToolSpec
 from specagent.engines.models import materialize
 from specagent.engines.verdict_head import (
     HeadSpec,
@@ -24,6 +23,7 @@ from specagent.engines.verdict_head import (
     head_adapter_dir,
     probability,
 )
+from specagent.records.segments import VerdictRow
 from specagent.train.verdict_metrics import head_metrics
 
 
@@ -43,9 +43,9 @@ def score_rows(engine, rows, spec: HeadSpec) -> tuple[list[list[float]], int, fl
     candidates = spec.token_ids(engine.tokenizer)
     requests = []
     for row in rows:
-        messages = [Message.from_openai(m) for m in row["messages"]]
-        tools = [ToolSpec.from_openai(t) for t in row["tools"]]
-        ids, positions = boundary_positions(engine.tokenizer, messages, tools, row["step_message_indices"], spec.boundary)
+        verdict = VerdictRow.parse(row, "verdict row")
+        ids, positions = boundary_positions(engine.tokenizer, verdict.chat(), verdict.tool_specs(),
+                                            verdict.step_message_indices, spec.boundary)
         requests.append(ScoreRequest(ids, positions, candidates, "head"))
     began = time.perf_counter()
     results = engine.score(requests)

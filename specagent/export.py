@@ -37,8 +37,9 @@ from specagent.engines.verdict_head import (
     boundary_positions,
     probability,
 )
+from specagent.records.reports import ExportManifest
+from specagent.records.segments import VerdictRow
 
-EXPORT_FORMAT = "specagent.export/v1"
 ADAPTER_NAME = "exported"
 CHANGED = 1e-3  # max |Δ log-prob| below which an adapter "changes nothing"
 MERGED_TOLERANCE = 0.3  # mean |Δ log-prob| merged vs base + adapter (bf16 engines differ by ~0.1)
@@ -149,10 +150,9 @@ def prompt_probe(request: ChatRequest, width: int = 16) -> Probe:
 def head_probe(row: dict[str, Any], spec: HeadSpec) -> Probe:
     """The head's (yes, no) log-probabilities at each step boundary of a verdict row."""
     def probe(engine: Any, adapter: str | None) -> list[list[float]]:
-        messages = [Message.from_openai(m) for m in row["messages"]]
-        tools = [ToolSpec.from_openai(t) for t in row["tools"]]
-        ids, positions = boundary_positions(engine.tokenizer, messages, tools, row["step_message_indices"],
-                                            spec.boundary, engine.profile_for(adapter))
+        verdict = VerdictRow.parse(row, "smoke example")
+        ids, positions = boundary_positions(engine.tokenizer, verdict.chat(), verdict.tool_specs(),
+                                            verdict.step_message_indices, spec.boundary, engine.profile_for(adapter))
         scores = engine.score([ScoreRequest(ids, positions, spec.token_ids(engine.tokenizer), adapter)])[0]
         return _logprobs(scores, "yes/no") if adapter is not None else scores.logprobs
     return probe
@@ -179,8 +179,8 @@ def smoke_round(engine: Any, kind: str, row: dict[str, Any], adapter_dir: str) -
     if kind == "drafter":
         request = first_turn_request(row)
     else:
-        request = ChatRequest([Message.from_openai(m) for m in row["prompt"]],
-                              [ToolSpec.from_openai(t) for t in row["tools"]], max_tokens=8)
+        verdict = VerdictRow.parse(row, "smoke example")
+        request = ChatRequest(verdict.prompt_chat(), verdict.tool_specs(), max_tokens=8)
     tuned = engine.chat([replace(request, adapter=ADAPTER_NAME)])[0]
     return {"round": "draft" if kind == "drafter" else "verdict (generative)", "text": tuned.text[:400],
             "tool_calls": [c.name for c in tuned.message.tool_calls], "malformed": tuned.malformed,
@@ -219,14 +219,16 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
         print("merging the adapter into the base weights ...")
         merge(base_dir, work / "adapter", work / "merged")
         run["profile"].save(work / "merged")
-    manifest: dict[str, Any] = {
-        "format": EXPORT_FORMAT, "kind": run["kind"], "base_model": base_model, "base_dir": base_dir,
-        "source": str(run_dir.resolve()), "lora_rank": run["lora"].get("r"), "full_model": run["full"],
-        "merged": merge_model, "prompt_profile": asdict(run["profile"]), "metrics": run["metrics"], "versions": versions(), "trained_with": run["versions"],
-    }
+    manifest = ExportManifest(
+        kind=run["kind"], base_model=base_model, base_dir=base_dir, source=str(run_dir.resolve()),
+        lora_rank=run["lora"].get("r"), full_model=run["full"], merged=merge_model,
+        prompt_profile=asdict(run["profile"]), metrics=run["metrics"], versions=versions(),
+        trained_with=run["versions"],
+    ).dump()
     (work / "vllm.json").write_text(json.dumps(serving_recipe(base_dir, manifest), indent=2))
     if smoke:
-        manifest["smoke"] = smoke_gate(run, work, base_dir, factory or vllm_factory(), max_model_len, backend)
+        smoke_figures = smoke_gate(run, work, base_dir, factory or vllm_factory(), max_model_len, backend)
+        manifest = ExportManifest.parse({**manifest, "smoke": smoke_figures}, "export manifest").dump()
     (work / "export.json").write_text(json.dumps(manifest, indent=2, default=str))
     (work / "README.md").write_text(model_card(manifest, run))
     shutil.rmtree(out, ignore_errors=True)

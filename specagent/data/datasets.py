@@ -23,8 +23,10 @@ from specagent.core.types import Trajectory
 from specagent.core.verify import verify_messages
 from specagent.data.mine import Shard
 from specagent.engines.verdict_head import step_message_indices
+from specagent.records.base import read_jsonl
 from specagent.records.rows import chat_json, drafter_rows, to_dataset_dict
-from specagent.runtime.drafting import segment_stats, step_from_json
+from specagent.records.segments import SegmentRecord, ShardRow, VerdictRow
+from specagent.runtime.drafting import segment_stats
 
 
 def split_of(task_id: str, validation_tasks: Sequence[str] | None, fraction: float) -> str:
@@ -42,9 +44,8 @@ def read_shards(work_dir: Path, trajectories: Sequence[Trajectory], shard_count:
         path = work_dir / Shard(index, shard_count).filename
         if not path.exists():
             raise FileNotFoundError(f"{path}: shard {index}/{shard_count} has not been mined yet")
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            rows[row["trajectory_id"]] = row
+        for row in read_jsonl(path, ShardRow, "shard file"):
+            rows[row.trajectory_id] = row.dump()
     missing = [t.id for t in trajectories if t.id not in rows]
     if missing:
         raise ValueError(f"{len(missing)} trajectories not mined yet (e.g. {missing[0]}); rerun the missing shard(s)")
@@ -55,7 +56,7 @@ def verdict_rows(segments: Sequence[dict[str, Any]], by_id: dict[str, Trajectory
     out: dict[str, list[dict]] = {"train": [], "validation": []}
     for seg in segments:
         traj = by_id[seg["trajectory_id"]]
-        steps = [step_from_json(s) for s in seg["steps"]]
+        steps = SegmentRecord.parse(seg, f"segment {seg.get('id')}").drafted()
         verifiable = [s for s in steps if s.kind.value != "malformed"]
         if not verifiable:
             continue
@@ -63,17 +64,12 @@ def verdict_rows(segments: Sequence[dict[str, Any]], by_id: dict[str, Trajectory
         messages = verify_messages(context, verifiable)
         indices = step_message_indices(len(context), verifiable)
         labels = seg["labels"][: len(verifiable)]
-        out[split[traj.task_id]].append({
-            "segment_id": seg["id"],
-            "task_id": traj.task_id,
-            "label_source": seg["label_source"],
-            "messages": chat_json(messages),
-            "tools": [spec.to_openai() for spec in traj.tools],
-            "step_message_indices": indices,
-            "labels": labels,
-            "prompt": chat_json(messages),
-            "completion": [{"role": "assistant", "content": str(sum(labels))}],
-        })
+        out[split[traj.task_id]].append(VerdictRow(
+            segment_id=seg["id"], task_id=traj.task_id, label_source=seg["label_source"],
+            messages=chat_json(messages), tools=[spec.to_openai() for spec in traj.tools],
+            step_message_indices=indices, labels=labels, prompt=chat_json(messages),
+            completion=[{"role": "assistant", "content": str(sum(labels))}],
+        ).dump())
     return out
 
 

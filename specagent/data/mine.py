@@ -24,6 +24,8 @@ from tqdm import tqdm
 from specagent.core.draft import DraftJob
 from specagent.core.interfaces import ChatEngine, Environment
 from specagent.core.types import Trajectory
+from specagent.records.base import jsonl_lines
+from specagent.records.segments import ShardRow
 from specagent.runtime.drafting import DraftSettings, DraftStats, draft_trajectories
 
 
@@ -64,13 +66,13 @@ def finished_ids(path: Path) -> set[str]:
     if not path.exists():
         return set()
     good, done = [], set()
-    for line in path.read_text().splitlines():
+    for number, line in jsonl_lines(path, "shard file"):
         try:
-            row = json.loads(line)
+            raw = json.loads(line)
         except json.JSONDecodeError:
-            break
+            break  # a torn last line: that trajectory is mined again
+        done.add(ShardRow.parse(raw, f"{path}:{number}").trajectory_id)
         good.append(line)
-        done.add(row["trajectory_id"])
     path.write_text("".join(g + "\n" for g in good))
     return done
 
@@ -100,10 +102,10 @@ def mine_shard(
             mined = draft_trajectories(group, drafter, jobs_for, settings, stats, strong, restore_for)
             share = 1 / len(group)  # a group's engine and wall time, split evenly over its trajectories
             for traj, segments in zip(group, mined):
-                row = {"trajectory_id": traj.id, "segments": segments,
-                       "seconds_in_engines": (stats.seconds_in_engines - engine_before) * share,
-                       "wall_seconds": (time.perf_counter() - group_start) * share}
-                sink.write(json.dumps(row) + "\n")
+                row = ShardRow(trajectory_id=traj.id, segments=segments,
+                               seconds_in_engines=(stats.seconds_in_engines - engine_before) * share,
+                               wall_seconds=(time.perf_counter() - group_start) * share)
+                sink.write(json.dumps(row.dump()) + "\n")
             sink.flush()
             os.fsync(sink.fileno())
             bar.update(len(group))

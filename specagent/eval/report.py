@@ -15,10 +15,10 @@ from specagent.core.errors import ConfigError
 from specagent.core.metrics import summarize
 from specagent.eval.arms import ArmRun, expand_arms
 from specagent.eval.plots import PLOTS, write_plots
+from specagent.records.reports import Report
 from specagent.runtime.episodes import read_episodes
 from specagent.runtime.transcript import console
 
-REPORT_FORMAT = "specagent.report/v1"
 COLUMNS = ("arm", "success", "gap recovered", "acceptance", "mean accepted prefix", "strong decode tokens / episode",
            "strong decode ratio", "memory-traffic ratio", "wall-time ratio")
 
@@ -61,15 +61,10 @@ def build_report(records: Iterable[dict[str, Any]], cfg: EvalConfig, versions: d
     arms = {run.label: {"arm": run.arm.name, "mode": run.arm.mode, "threshold": run.threshold,
                         "roles": _roles(run, models[run.label]), **summary[run.label]}
             for run in runs if run.label in summary}
-    return {
-        "format": REPORT_FORMAT,
-        "reference": {"strong": strong, "weak": weak},
-        "arms": arms,
-        "notes": _notes(runs, arms, strong, weak),
-        "plots": list(PLOTS),
-        "config": cfg.model_dump(mode="json"),
-        "versions": versions,
-    }
+    return Report(
+        reference={"strong": strong, "weak": weak}, arms=arms, notes=_notes(runs, arms, strong, weak),
+        plots=list(PLOTS), config=cfg.model_dump(mode="json"), versions=versions,
+    ).dump()
 
 
 def _cell(ci: dict[str, Any] | None, spec: str = ".2f") -> str:

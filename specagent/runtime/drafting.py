@@ -28,14 +28,13 @@ from specagent.core.types import (
     Trajectory,
     Usage,
 )
+from specagent.records.segments import DraftedStepRecord, SegmentRecord
 from specagent.runtime.labelers import (
     judge_labels,
     match_labels,
     reference_steps,
     rollout_labels,
 )
-
-SEGMENT_FORMAT = "specagent.segment/v1"
 
 
 @dataclass
@@ -119,24 +118,6 @@ def cut_points(traj: Trajectory, max_cuts: int | None = None) -> list[int]:
     if max_cuts is None or len(cuts) <= max_cuts:
         return cuts
     return [cuts[round(k * (len(cuts) - 1) / max(max_cuts - 1, 1))] for k in range(max_cuts)]
-
-
-def step_json(step: DraftedStep) -> dict[str, Any]:
-    return {
-        "message": step.message.to_openai(),
-        "kind": step.kind.value,
-        "observations": [o.to_openai() for o in step.observations],
-        "malformed": step.malformed,
-    }
-
-
-def step_from_json(raw: dict[str, Any]) -> DraftedStep:
-    return DraftedStep(
-        message=Message.from_openai(raw["message"]),
-        kind=StepKind(raw["kind"]),
-        observations=tuple(Message.from_openai(o) for o in raw["observations"]),
-        malformed=raw["malformed"],
-    )
 
 
 def draft_trajectory(
@@ -261,22 +242,14 @@ def reference_segment(traj: Trajectory, cut: int, read_only: dict[str, bool], ma
 
 def segment_record(traj: Trajectory, cut: int, seg: Segment, reference: list[Message],
                    labels: dict[str, list[int]], settings: DraftSettings) -> dict[str, Any]:
+    """The `specagent.segment/v1` object of one drafted segment, labeled by every labeler."""
     primary = settings.labelers[0]
-    return {
-        "format": SEGMENT_FORMAT,
-        "id": f"{traj.id}@{cut}",
-        "trajectory_id": traj.id,
-        "task_id": traj.task_id,
-        "cut": cut,
-        "steps": [step_json(s) for s in seg.steps],
-        "ended_by": seg.ended_by,
-        "unrecorded": list(seg.unrecorded),
-        "labels": labels[primary],
-        "label_source": primary,
-        "all_labels": labels,
-        "reference": [m.to_openai() for m in reference[: settings.window]],
-        "strong_reward": traj.reward,
-    }
+    return SegmentRecord(
+        id=f"{traj.id}@{cut}", trajectory_id=traj.id, task_id=traj.task_id, cut=cut,
+        steps=[DraftedStepRecord.of(s) for s in seg.steps], ended_by=seg.ended_by, unrecorded=list(seg.unrecorded),
+        labels=labels[primary], label_source=primary, all_labels=labels,
+        reference=[m.to_openai() for m in reference[: settings.window]], strong_reward=traj.reward,
+    ).dump()
 
 
 def segment_stats(segments: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -19,84 +19,35 @@ from typing import Any, Callable, Iterable, Sequence
 from tqdm import tqdm
 
 from specagent.core.errors import SpecAgentError, TaskFileError
-from specagent.core.files import read_text, split_lines
 from specagent.core.interfaces import Environment
 from specagent.core.protocol import Episode, Models, ProtocolConfig, run_episode
 from specagent.engines.batching import BatchingEngine, CallerGroup
-
-EPISODE_FORMAT = "specagent.episode/v1"
+from specagent.records.base import read_jsonl
+from specagent.records.episodes import EpisodeRecord
 
 
 def episode_record(ep: Episode, trial: int, models: dict[str, str], arm: str | None = None) -> dict[str, Any]:
-    return {
-        "format": EPISODE_FORMAT,
-        "task_id": ep.task_id,
-        "mode": ep.mode,
-        "arm": arm or ep.mode,
-        "trial": trial,
-        "models": models,
-        "reward": ep.reward,
-        "reward_info": ep.reward_info,
-        "stop_reason": ep.stop_reason,
-        "counts": ep.counts(),
-        "accepted_prefixes": ep.accepted_prefixes,
-        "verdicts": ep.verdicts,
-        "ledger": ep.ledger.to_json(),
-        "wall_seconds": ep.wall_seconds,
-        "env_seconds": ep.env_seconds,
-        "final_hash": ep.final_hash,
-        "write_calls": ep.write_calls,
-        "steps": [s.to_json() for s in ep.steps],
-        "messages": [m.to_openai() for m in ep.messages],
-    }
+    """The `specagent.episode/v1` object of a finished episode."""
+    return EpisodeRecord.of(ep, trial, models, arm).dump()
 
 
 def episode_key(record: dict[str, Any]) -> tuple[str, str, int]:
     """(task, arm, trial); the arm of a `specagent run` episode is its mode."""
-    return (str(record["task_id"]), record.get("arm", record["mode"]), int(record.get("trial", 0)))
+    return (str(record["task_id"]), record["arm"], int(record["trial"]))
 
 
 def read_episodes(path: str | Path) -> list[dict[str, Any]]:
-    """The finished episodes in a file. A torn last line (a killed write) is dropped; any other
-    line that is not an episode raises ``TaskFileError("file:line: ...")``."""
+    """The finished episodes in a file, each checked as an `EpisodeRecord`. A torn last line (a
+    killed write) is dropped; any other line that is not an episode raises ``TaskFileError``
+    naming file, line and field."""
     path = Path(path)
     if not path.exists():
         return []
-    lines = split_lines(read_text(path, "episodes file"))
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number == len(lines):  # interrupted while writing: that episode reruns
-                print(f"warning: {path}:{number}: dropping a torn last line", file=sys.stderr)
-                break
-            problem = f"not valid JSON ({exc.msg}, column {exc.colno})"
-        else:
-            problem = _episode_problem(record)
-            if problem is None:
-                records.append(record)
-                continue
-        raise TaskFileError(f"{path}:{number}: not a finished episode: {problem}; the file is corrupt: delete "
-                            "that line (its episode reruns) or the file (every episode reruns)")
-    return records
-
-
-def _episode_problem(record: Any) -> str | None:
-    """What keeps a parsed line from being an episode record that resumes, or None."""
-    if not isinstance(record, dict):
-        return f"expected a JSON object, got {type(record).__name__}"
-    missing = [key for key in ("task_id", "mode") if key not in record]
-    if missing:
-        return f"missing key(s) {', '.join(missing)}"
-    if not isinstance(record.get("arm", record["mode"]), str):
-        return "arm/mode must be a string"
-    trial = record.get("trial", 0)
-    if not isinstance(trial, int) or isinstance(trial, bool):
-        return "trial must be an integer"
-    return None
+    try:
+        return [r.dump() for r in read_jsonl(path, EpisodeRecord, "episodes file", torn_tail_ok=True)]
+    except TaskFileError as err:
+        raise TaskFileError(f"{err}; the file is corrupt: delete that line (its episode reruns) or the file "
+                            "(every episode reruns)") from None
 
 
 def _rewrite_without_torn_tail(path: Path, records: list[dict[str, Any]]) -> None:

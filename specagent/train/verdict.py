@@ -25,13 +25,13 @@ from typing import Any, Sequence
 
 from specagent.config import VerdictTrainConfig
 from specagent.core.errors import ConfigError
-from specagent.core.types import Message, ToolSpec
 from specagent.engines.verdict_head import (
     DEFAULT_THRESHOLD,
     HeadSpec,
     boundary_positions,
     probability,
 )
+from specagent.records.segments import VerdictRow
 from specagent.runtime.provenance import write_run_info
 from specagent.train.common import (
     JsonlLog,
@@ -53,11 +53,10 @@ IGNORE = -100
 
 def token_labels(tokenizer: Any, example: dict[str, Any]) -> dict[str, list[int]]:
     """A `verdict` dataset row -> input_ids and labels (0/1 at step boundaries, -100 elsewhere)."""
-    messages = [Message.from_openai(m) for m in example["messages"]]
-    tools = [ToolSpec.from_openai(t) for t in example["tools"]]
-    ids, positions = boundary_positions(tokenizer, messages, tools, example["step_message_indices"])
+    row = VerdictRow.parse(example, f"verdict row {example.get('segment_id')}")
+    ids, positions = boundary_positions(tokenizer, row.chat(), row.tool_specs(), row.step_message_indices)
     labels = [IGNORE] * len(ids)
-    for position, label in zip(positions, example["labels"]):
+    for position, label in zip(positions, row.labels):
         labels[position] = int(label)
     return {"input_ids": ids, "labels": labels}
 
@@ -268,7 +267,6 @@ def evaluate_generative(cfg: VerdictTrainConfig, trainer: Any, validation: Any) 
     if validation is None or len(validation) == 0:
         return {"validation": None}
     from specagent.core.interfaces import ChatRequest
-    from specagent.core.types import Message, ToolSpec
     from specagent.core.verify import parse_verdict
     from specagent.engines.transformers_engine import TransformersEngine
 
@@ -278,15 +276,15 @@ def evaluate_generative(cfg: VerdictTrainConfig, trainer: Any, validation: Any) 
     engine = TransformersEngine.from_model(model, trainer.processing_class, max_model_len=10**9,
                                            batch_size=cfg.train.batch_size, threads=cfg.train.threads)
     try:
-        requests = [ChatRequest([Message.from_openai(m) for m in r["prompt"]],
-                                [ToolSpec.from_openai(t) for t in r["tools"]], cfg.eval_max_tokens) for r in rows]
+        rows = [VerdictRow.parse(r, f"verdict row {r.get('segment_id')}") for r in rows]
+        requests = [ChatRequest(r.prompt_chat(), r.tool_specs(), cfg.eval_max_tokens) for r in rows]
         completions = engine.chat(requests)
     finally:
         model.train(was_training)
-    predicted = [0 if c.message.tool_calls else (parse_verdict(c.text, len(r["labels"])) or 0)
+    predicted = [0 if c.message.tool_calls else (parse_verdict(c.text, len(r.labels)) or 0)
                  for c, r in zip(completions, rows)]
     decoded = sum(c.usage.completion_tokens for c in completions) / len(completions)
-    return {"validation": {**prefix_metrics(predicted, [r["labels"] for r in rows]), "auroc": None,
+    return {"validation": {**prefix_metrics(predicted, [r.labels for r in rows]), "auroc": None,
                            "decoded_tokens_per_verdict": decoded}}
 
 

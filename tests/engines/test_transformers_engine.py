@@ -64,9 +64,14 @@ names = st.sampled_from(["get_order", "cancel_order", "x"])
 arguments = st.dictionaries(st.sampled_from(["b", "a", "order_id"]), st.integers() | st.text(max_size=5), max_size=3)
 calls = st.builds(ToolCall, id=st.just("c"), name=names, arguments=arguments)
 contents = st.none() | st.text(max_size=12)
+# A reply that opens with whitespace merges with the generation prompt's "\n" into one BPE
+# token, so its rendered ids do not extend the prompt's: the next prefill misses the cache
+# from there (a cost, never a change of what the model sees). Generated replies start with text.
+reply_contents = st.none() | st.text(max_size=12).filter(lambda t: not t[:1].isspace())
 messages = st.one_of(
     st.builds(Message, role=st.just("user"), content=st.text(max_size=12)),
-    st.builds(Message, role=st.just("assistant"), content=contents, tool_calls=st.lists(calls, max_size=2).map(tuple)),
+    st.builds(Message, role=st.just("assistant"), content=reply_contents,
+              tool_calls=st.lists(calls, max_size=2).map(tuple)),
     st.builds(Message, role=st.just("tool"), content=st.text(max_size=12), tool_call_id=st.just("c")),
     st.builds(Message, role=st.just("system"), content=st.text(max_size=12)),
 )

@@ -141,7 +141,7 @@ def test_the_runtime_head_verifier_reads_what_training_scored(mined, tokenizer, 
     from specagent.core.types import Message, Segment, ToolSpec
     from specagent.engines.transformers_engine import TransformersEngine
     from specagent.engines.verdict_head import HeadVerifier
-    from specagent.runtime.drafting import step_from_json
+    from specagent.records.segments import DraftedStepRecord
     from specagent.train.verdict import (
         BoundaryCollator,
         boundary_example,
@@ -161,7 +161,7 @@ def test_the_runtime_head_verifier_reads_what_training_scored(mined, tokenizer, 
     segments = {r["id"]: r for r in load_from_disk(str(mined / "segments"))["validation"]}
     row = next(r for r in verdict_rows["validation"] if len(r["labels"]) >= 2)
     segment_row = segments[row["segment_id"]]
-    steps = [s for s in (step_from_json(j) for j in segment_row["steps"]) if s.kind.value != "malformed"]
+    steps = [s for s in (DraftedStepRecord.parse(j, "step").step() for j in segment_row["steps"]) if s.kind.value != "malformed"]
     messages = [Message.from_openai(m) for m in row["messages"]]
     context = messages[: row["step_message_indices"][0]]
     tools = [ToolSpec.from_openai(t) for t in row["tools"]]
