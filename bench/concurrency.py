@@ -27,12 +27,7 @@ from specagent.config import RunConfig, load_config
 from specagent.core.metrics import summarize
 from specagent.engines import EnginePool
 from specagent.engines.scripted import ScriptedEngine
-from specagent.runtime.assembly import (
-    build_env,
-    build_models,
-    protocol_config,
-    select_tasks,
-)
+from specagent.runtime.assembly import build_env, build_models, protocol_config, select_tasks
 from specagent.runtime.episodes import run_tasks
 from specagent.runtime.run import throughput
 

@@ -17,12 +17,7 @@ import yaml
 
 from specagent.core.interfaces import ScoreRequest
 from specagent.engines.models import materialize
-from specagent.engines.verdict_head import (
-    HeadSpec,
-    boundary_positions,
-    head_adapter_dir,
-    probability,
-)
+from specagent.engines.verdict_head import HeadSpec, boundary_positions, head_adapter_dir, probability
 from specagent.records.segments import VerdictRow
 from specagent.train.verdict_metrics import head_metrics
 

@@ -7,12 +7,7 @@ import os
 import sys
 from typing import Callable
 
-from specagent.core.errors import (
-    ConfigError,
-    EngineError,
-    SpecAgentError,
-    TaskFileError,
-)
+from specagent.core.errors import ConfigError, EngineError, SpecAgentError, TaskFileError
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:

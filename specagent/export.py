@@ -30,13 +30,7 @@ from specagent.core.errors import ConfigError, SpecAgentError
 from specagent.core.interfaces import ChatRequest, ScoreRequest
 from specagent.core.types import Message, ToolSpec
 from specagent.engines.render import PromptProfile, render_prompt
-from specagent.engines.verdict_head import (
-    HEAD_FILE,
-    HeadSpec,
-    accepted_prefix,
-    boundary_positions,
-    probability,
-)
+from specagent.engines.verdict_head import HEAD_FILE, HeadSpec, accepted_prefix, boundary_positions, probability
 from specagent.records.reports import ExportManifest
 from specagent.records.segments import VerdictRow
 

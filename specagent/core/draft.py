@@ -18,15 +18,7 @@ from typing import Callable, Sequence
 from specagent.core.classify import drafted
 from specagent.core.errors import ContextLengthExceeded
 from specagent.core.interfaces import ChatEngine, ChatRequest, Completion
-from specagent.core.types import (
-    DraftedStep,
-    Message,
-    Segment,
-    StepKind,
-    ToolCall,
-    ToolSpec,
-    Usage,
-)
+from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall, ToolSpec, Usage
 
 
 def assign_call_ids(message: Message, position: int) -> Message:

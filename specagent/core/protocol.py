@@ -22,23 +22,8 @@ from specagent.core.classify import classify_tools, drafted, terminal_tools
 from specagent.core.draft import DraftJob, assign_call_ids, draft_batch
 from specagent.core.errors import ContextLengthExceeded
 from specagent.core.execution import ToolRunner
-from specagent.core.interfaces import (
-    ChatEngine,
-    ChatRequest,
-    Completion,
-    Environment,
-    Verifier,
-)
-from specagent.core.types import (
-    DraftedStep,
-    Message,
-    Segment,
-    StepKind,
-    StepStatus,
-    ToolCall,
-    ToolSpec,
-    Usage,
-)
+from specagent.core.interfaces import ChatEngine, ChatRequest, Completion, Environment, Verifier
+from specagent.core.types import DraftedStep, Message, Segment, StepKind, StepStatus, ToolCall, ToolSpec, Usage
 from specagent.core.verify import granted_prefix
 
 Mode = Literal["strong", "weak", "stepwise", "specagent"]

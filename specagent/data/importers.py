@@ -44,12 +44,7 @@ import jsonschema
 from specagent.core.errors import TaskFileError
 from specagent.core.files import check_output_file, read_text, split_lines
 from specagent.core.types import Message, ToolCall, ToolSpec, Trajectory, union_tools
-from specagent.data.schemas import (
-    ToolsOverride,
-    apply_override,
-    infer_tool_specs,
-    load_tools_file,
-)
+from specagent.data.schemas import ToolsOverride, apply_override, infer_tool_specs, load_tools_file
 from specagent.records.trajectories import write_trajectories
 
 Format = Literal["auto", "openai", "tau", "tau2"]

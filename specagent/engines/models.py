@@ -96,3 +96,12 @@ def product(shape: Sequence[int]) -> int:
     for dim in shape:
         out *= dim
     return out
+
+
+def find_adapter(path: str | Path, *markers: str) -> Path | None:
+    """The peft adapter dir at ``path``: the dir itself, or its `adapter/` (a training output,
+    an export), holding `adapter_config.json` and every file of ``markers``; None if neither."""
+    for candidate in (Path(path), Path(path) / "adapter"):
+        if all((candidate / name).is_file() for name in ("adapter_config.json", *markers)):
+            return candidate
+    return None

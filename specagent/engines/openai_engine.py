@@ -22,11 +22,7 @@ import httpx
 
 from specagent.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable
 from specagent.core.interfaces import ChatRequest, Completion, ModelCost
-from specagent.core.toolcalls import (
-    TOOL_CALL_OPEN,
-    parse_assistant_text,
-    validate_message,
-)
+from specagent.core.toolcalls import TOOL_CALL_OPEN, parse_assistant_text, validate_message
 from specagent.core.types import Message, ToolCall, Usage
 
 API_KEY_ENV = "OPENAI_API_KEY"

@@ -16,21 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    DynamicCache,
-    PreTrainedModel,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from specagent.core.errors import ContextLengthExceeded, EngineError
-from specagent.core.interfaces import (
-    ChatRequest,
-    Completion,
-    ModelCost,
-    ScoreRequest,
-    Scores,
-)
+from specagent.core.interfaces import ChatRequest, Completion, ModelCost, ScoreRequest, Scores
 from specagent.core.toolcalls import parse_assistant_text
 from specagent.core.types import Dtype, Usage
 from specagent.engines.models import adapter_parameters, materialize

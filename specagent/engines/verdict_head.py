@@ -28,6 +28,7 @@ from specagent.core.errors import ConfigError
 from specagent.core.interfaces import ScoreRequest, TokenScorer
 from specagent.core.types import DraftedStep, Message, Segment, ToolSpec, Usage, Verdict
 from specagent.core.verify import verify_messages
+from specagent.engines.models import find_adapter
 from specagent.engines.render import FULL, PromptProfile, render_prompt
 
 HEAD_FILE = "verdict.json"
@@ -78,10 +79,9 @@ def accepted_prefix(scores: Sequence[float], threshold: float) -> int:
 
 def head_adapter_dir(path: str | Path) -> Path:
     """The adapter dir of a head: the dir itself, or its `adapter/` (training outputs, exports)."""
-    path = Path(path)
-    for candidate in (path, path / "adapter"):
-        if (candidate / HEAD_FILE).is_file() and (candidate / "adapter_config.json").is_file():
-            return candidate
+    found = find_adapter(path, HEAD_FILE)
+    if found is not None:
+        return found
     raise ConfigError(f"{path}: no verdict head here (expected {HEAD_FILE} and adapter_config.json, "
                       "from `specagent train verdict` with kind head or `specagent export`)")
 

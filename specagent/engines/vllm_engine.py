@@ -15,34 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from specagent.core.errors import (
-    ContextLengthExceeded,
-    EngineError,
-    EngineUnavailable,
-    SpecAgentError,
-)
-from specagent.core.interfaces import (
-    ChatRequest,
-    Completion,
-    ModelCost,
-    ScoreRequest,
-    Scores,
-)
+from specagent.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable, SpecAgentError
+from specagent.core.interfaces import ChatRequest, Completion, ModelCost, ScoreRequest, Scores
 from specagent.core.toolcalls import parse_assistant_text
 from specagent.core.types import Usage
-from specagent.engines.models import (
-    adapter_parameters,
-    materialize,
-    product,
-    safetensors_shapes,
-)
+from specagent.engines.models import adapter_parameters, materialize, product, safetensors_shapes
 from specagent.engines.render import PromptProfile, render_prompt
-from specagent.engines.vllm_start import (
-    KVCachePlan,
-    cpu_engine_kwargs,
-    on_cpu,
-    start_error,
-)
+from specagent.engines.vllm_start import KVCachePlan, cpu_engine_kwargs, on_cpu, start_error
 
 STOP_TOKEN = "<|im_end|>"
 

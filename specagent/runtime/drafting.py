@@ -19,22 +19,14 @@ from typing import Any, Callable, Sequence
 from specagent.core.classify import classify_tools, step_kind
 from specagent.core.draft import DraftJob, draft_batch
 from specagent.core.interfaces import ChatEngine, Environment
-from specagent.core.types import (
-    DraftedStep,
-    Message,
-    Segment,
-    StepKind,
-    ToolCall,
-    Trajectory,
-    Usage,
-)
+from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall, Trajectory, Usage
 from specagent.records.segments import DraftedStepRecord, SegmentRecord
-from specagent.runtime.labelers import (
-    judge_labels,
-    match_labels,
-    reference_steps,
-    rollout_labels,
-)
+from specagent.runtime.labelers import judge_labels, match_labels, reference_steps, rollout_labels
+
+
+# how a mining run makes the draft jobs of a trajectory's cut points, and restores a live env
+JobsFor = Callable[[Trajectory, Sequence[int]], list[DraftJob]]
+RestoreFor = Callable[[Trajectory, int], Callable[[], Environment]]
 
 
 @dataclass
@@ -123,11 +115,11 @@ def cut_points(traj: Trajectory, max_cuts: int | None = None) -> list[int]:
 def draft_trajectory(
     traj: Trajectory,
     drafter: ChatEngine,
-    jobs_for: Callable[[Trajectory, Sequence[int]], list[DraftJob]],
+    jobs_for: JobsFor,
     settings: DraftSettings,
     stats: DraftStats,
     strong: ChatEngine | None = None,
-    restore_for: Callable[[Trajectory, int], Callable[[], Environment]] | None = None,
+    restore_for: RestoreFor | None = None,
 ) -> list[dict[str, Any]]:
     """Segments for every cut point of one trajectory, drafted in one batch, labeled."""
     return draft_trajectories([traj], drafter, jobs_for, settings, stats, strong, restore_for)[0]
@@ -136,11 +128,11 @@ def draft_trajectory(
 def draft_trajectories(
     trajs: Sequence[Trajectory],
     drafter: ChatEngine,
-    jobs_for: Callable[[Trajectory, Sequence[int]], list[DraftJob]],
+    jobs_for: JobsFor,
     settings: DraftSettings,
     stats: DraftStats,
     strong: ChatEngine | None = None,
-    restore_for: Callable[[Trajectory, int], Callable[[], Environment]] | None = None,
+    restore_for: RestoreFor | None = None,
 ) -> list[list[dict[str, Any]]]:
     """Segments of several trajectories: every cut point of all of them drafted in one batch
     (the engine batches across trajectories), then labeled per trajectory."""
@@ -179,7 +171,7 @@ def label_trajectory(
     settings: DraftSettings,
     stats: DraftStats,
     strong: ChatEngine | None,
-    restore_for: Callable[[Trajectory, int], Callable[[], Environment]] | None,
+    restore_for: RestoreFor | None,
 ) -> list[dict[str, Any]]:
     """Labels of one trajectory's drafted segments by every configured labeler; the records."""
     read_only = classify_tools(traj.tools, settings.read_only, settings.write, strict=False)
@@ -294,8 +286,6 @@ def segment_stats(segments: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------- from a mine config
 
-JobsFor = Callable[[Trajectory, Sequence[int]], list[DraftJob]]
-RestoreFor = Callable[[Trajectory, int], Callable[[], Environment]]
 
 
 def draft_settings(cfg: Any, **overrides: Any) -> DraftSettings:

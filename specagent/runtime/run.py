@@ -11,13 +11,7 @@ from specagent.core.metrics import summarize
 from specagent.core.protocol import Episode, Models
 from specagent.engines import EnginePool
 from specagent.engines.batching import batch_report
-from specagent.runtime.assembly import (
-    build_env,
-    build_models,
-    check_models,
-    open_run,
-    protocol_config,
-)
+from specagent.runtime.assembly import build_env, build_models, check_models, open_run, protocol_config
 from specagent.runtime.episodes import run_tasks
 from specagent.runtime.transcript import print_summary, print_transcript
 

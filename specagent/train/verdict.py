@@ -25,12 +25,7 @@ from typing import Any, Sequence
 
 from specagent.config import VerdictTrainConfig
 from specagent.core.errors import ConfigError
-from specagent.engines.verdict_head import (
-    DEFAULT_THRESHOLD,
-    HeadSpec,
-    boundary_positions,
-    probability,
-)
+from specagent.engines.verdict_head import DEFAULT_THRESHOLD, HeadSpec, boundary_positions, probability
 from specagent.records.segments import VerdictRow
 from specagent.runtime.provenance import write_run_info
 from specagent.train.common import (

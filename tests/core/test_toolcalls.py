@@ -9,11 +9,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specagent.core.toolcalls import (
-    parse_assistant_text,
-    validate_arguments,
-    validate_message,
-)
+from specagent.core.toolcalls import parse_assistant_text, validate_arguments, validate_message
 from specagent.core.types import Message, ToolCall, ToolSpec
 
 GET_ORDER = ToolSpec(

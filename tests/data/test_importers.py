@@ -12,11 +12,7 @@ import pytest
 from specagent.core.errors import TaskFileError
 from specagent.core.toolcalls import validate_message
 from specagent.core.types import Trajectory
-from specagent.data.importers import (
-    TrajectoryImportError,
-    convert_files,
-    import_trajectories,
-)
+from specagent.data.importers import TrajectoryImportError, convert_files, import_trajectories
 from specagent.records.trajectories import read_trajectories
 from tests.data.conftest import AIRLINE_YAML, FIXTURES
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
@@ -17,15 +16,9 @@ from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.replay import ReplayEnv
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy
-from specagent.runtime.drafting import (
-    DraftSettings,
-    live_jobs,
-    replay_jobs,
-    segment_stats,
-)
+from specagent.runtime.drafting import DraftSettings, live_jobs, replay_jobs, segment_stats
 from specagent.runtime.labelers import match_labels, overlap_judge, prefix_closed
-
-TASKS = ["lookup_01", "lookup_02", "single_write_01", "lookups_then_write_01", "policy_forbids_01", "multi_write_01"]
+from tests.helpers.mining import TASKS, noisy_expert, store_jobs
 
 
 @pytest.fixture(scope="module")
@@ -38,29 +31,6 @@ def store_trajectories() -> list[Trajectory]:
         ep = run_episode(env, task, "strong", Models(strong=expert), ProtocolConfig(max_steps=16))
         out.append(Trajectory(f"store:{task}:0", task, tools, ep.messages, ep.reward, "test", "expert"))
     return out
-
-
-def noisy_expert(env, every: int = 3):
-    """The expert, except that a deterministic share of steps become a wrong lookup or reply."""
-    policy = expert_policy(env)
-
-    def drafter(messages, tools):
-        h = int(hashlib.sha256(f"{len(messages)}{messages[1].content}".encode()).hexdigest(), 16)
-        if h % every == 0:
-            return Message(role="assistant", tool_calls=(ToolCall("x", "get_order_details", {"order_id": "W0000"}),))
-        if h % every == 1 and h % 2:
-            return Message(role="assistant", content="Your order is on its way.")
-        return policy(messages, tools)
-
-    return drafter
-
-
-def store_jobs(settings):
-    def jobs_for(traj, cuts):
-        read_only = classify_tools(traj.tools)
-        return live_jobs(StoreEnv, traj, cuts, settings.max_draft_steps, read_only)
-
-    return jobs_for
 
 
 def dataset_rows(out_dir: Path) -> dict:

@@ -9,12 +9,7 @@ from hypothesis import strategies as st
 
 from specagent.core.errors import ConfigError
 from specagent.core.types import ToolCall, ToolSpec
-from specagent.data.schemas import (
-    ToolsOverride,
-    apply_override,
-    infer_tool_specs,
-    load_tools_file,
-)
+from specagent.data.schemas import ToolsOverride, apply_override, infer_tool_specs, load_tools_file
 from tests.data.conftest import ROOT
 
 IMPORT_CONFIGS = sorted((ROOT / "configs" / "import").glob("*.yaml"))

@@ -10,11 +10,7 @@ import pytest
 from specagent.core.errors import TaskFileError
 from specagent.core.types import Message, ToolCall, ToolSpec, Trajectory
 from specagent.records import trajectories as store
-from specagent.records.trajectories import (
-    TRAJECTORY_FORMAT,
-    read_trajectories,
-    write_trajectories,
-)
+from specagent.records.trajectories import TRAJECTORY_FORMAT, read_trajectories, write_trajectories
 
 
 def sample(traj_id: str = "s:1:0") -> Trajectory:

@@ -13,12 +13,7 @@ from specagent.core.errors import ContextLengthExceeded, EngineUnavailable
 from specagent.core.interfaces import ChatRequest, Completion, ModelCost
 from specagent.core.types import Message, Usage
 from specagent.engines import batching
-from specagent.engines.batching import (
-    BatchingEngine,
-    CallerGroup,
-    batch_report,
-    batching_engines,
-)
+from specagent.engines.batching import BatchingEngine, CallerGroup, batch_report, batching_engines
 
 
 class Recorder:

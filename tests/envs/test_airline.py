@@ -23,13 +23,7 @@ from specagent.envs.airline.conformance import check, render
 from specagent.envs.airline.data import data_hash
 from specagent.envs.airline.tools import TOOL_SPECS
 from specagent.runtime.assembly import build_env
-from specagent.runtime.drafting import (
-    DraftSettings,
-    DraftStats,
-    draft_trajectory,
-    live_jobs,
-    restore,
-)
+from specagent.runtime.drafting import DraftSettings, DraftStats, draft_trajectory, live_jobs, restore
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = Path(os.environ.get(

@@ -13,7 +13,7 @@ import pytest
 from specagent.envs.airline.conformance import main
 from specagent.envs.airline.data import data_hash
 from specagent.envs.airline.tools import TERMINAL_TOOLS, run_tool
-from tests.envs.test_airline_arguments import fresh, tiny_database
+from tests.helpers.airline import fresh, tiny_database
 
 POLICY = "# Airline Agent Policy (test)"
 CANCEL = {"user_id": "bob_kim_2", "instruction": "Cancel reservation RES003.", "outputs": [],

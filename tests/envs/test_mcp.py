@@ -13,13 +13,7 @@ from pathlib import Path
 import mcp_types as types
 import pytest
 
-from specagent.config import (
-    EnvConfig,
-    McpEnvSettings,
-    McpServerSettings,
-    RunConfig,
-    load_config,
-)
+from specagent.config import EnvConfig, McpEnvSettings, McpServerSettings, RunConfig, load_config
 from specagent.core.errors import ConfigError, TaskFileError
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Message, StepStatus, ToolCall

@@ -19,14 +19,7 @@ from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.store import StoreEnv, generate
 from specagent.envs.store.build_db import PEOPLE, build_db
 from specagent.envs.store.build_tasks import render_tasks
-from specagent.envs.store.env import (
-    ALL_CATEGORIES,
-    CATEGORIES,
-    SPLITS,
-    TASKS_PATH,
-    canonical_hash,
-    normalize_text,
-)
+from specagent.envs.store.env import ALL_CATEGORIES, CATEGORIES, SPLITS, TASKS_PATH, canonical_hash, normalize_text
 from specagent.envs.store.expert import expert_policy, expert_steps
 from specagent.envs.store.tools import run_tool
 from specagent.runtime.assembly import build_env

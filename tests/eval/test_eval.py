@@ -11,13 +11,7 @@ import pytest
 
 import specagent.engines
 from specagent.cli import main
-from specagent.config import (
-    ArmConfig,
-    EvalConfig,
-    TransformersEngineConfig,
-    VerifierConfig,
-    load_config,
-)
+from specagent.config import ArmConfig, EvalConfig, TransformersEngineConfig, VerifierConfig, load_config
 from specagent.core.accounting import Ledger
 from specagent.core.canonical import same_step
 from specagent.core.errors import ConfigError

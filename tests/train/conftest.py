@@ -19,7 +19,7 @@ from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy
 from specagent.records.trajectories import write_trajectories
 from specagent.runtime.drafting import DraftSettings
-from tests.data.test_mine import TASKS, noisy_expert, store_jobs
+from tests.helpers.mining import TASKS, noisy_expert, store_jobs
 
 VALIDATION = ["single_write_01", "lookups_then_write_01"]
 

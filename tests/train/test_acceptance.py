@@ -11,7 +11,7 @@ from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy
 from specagent.train.acceptance import held_out, offline_acceptance
-from tests.data.test_mine import noisy_expert
+from tests.helpers.mining import noisy_expert
 
 
 def test_offline_acceptance_is_the_mining_figure(mined):

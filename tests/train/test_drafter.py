@@ -10,16 +10,9 @@ from specagent.config import DrafterTrainConfig, load_config
 from specagent.core.errors import ConfigError
 from specagent.core.types import Message, ToolSpec
 from specagent.engines.render import render_prompt
+from tests.helpers.training import drafter_cfg
 
 pytest.importorskip("trl")
-
-FAST = ["lora.r=4", "lora.target_modules=[q_proj, v_proj]", "train.threads=1", "train.warmup_steps=0",
-        "train.learning_rate=0.01", "train.extra={eval_strategy: 'no'}"]
-
-
-def drafter_cfg(mined, tmp_path, *overrides) -> DrafterTrainConfig:
-    return load_config(DrafterTrainConfig, None, [f"dataset={mined / 'drafter'}", f"output_dir={tmp_path / 'out'}",
-                                                  *FAST, *overrides])
 
 
 def test_trainer_tokenizes_exactly_as_the_runtime_renders(mined, tokenizer, tiny_causal_lm, tmp_path):

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from specagent.engines.render import PROFILES, PromptProfile
-from tests.train.test_drafter import drafter_cfg
+from tests.helpers.training import drafter_cfg
 
 pytest.importorskip("trl")
 

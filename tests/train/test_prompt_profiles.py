@@ -10,14 +10,8 @@ import pytest
 
 from specagent.core.interfaces import ChatRequest
 from specagent.core.types import Message, ToolSpec
-from specagent.engines.render import (
-    FULL,
-    PROFILES,
-    PromptProfile,
-    render_prompt,
-    signature,
-)
-from tests.train.test_drafter import drafter_cfg
+from specagent.engines.render import FULL, PROFILES, PromptProfile, render_prompt, signature
+from tests.helpers.training import drafter_cfg
 
 pytest.importorskip("trl")
 

@@ -9,13 +9,7 @@ import math
 import pytest
 
 from specagent.config import VerdictTrainConfig, load_config
-from specagent.train.verdict_metrics import (
-    accepted_prefix,
-    auroc,
-    calibrate,
-    head_metrics,
-    prefix_metrics,
-)
+from specagent.train.verdict_metrics import accepted_prefix, auroc, calibrate, head_metrics, prefix_metrics
 
 FAST = ["lora.r=4", "lora.target_modules=[q_proj, v_proj]", "train.threads=1", "train.warmup_steps=0",
         "train.learning_rate=0.01", "train.lr_scheduler=constant"]
@@ -142,12 +136,7 @@ def test_the_runtime_head_verifier_reads_what_training_scored(mined, tokenizer, 
     from specagent.engines.transformers_engine import TransformersEngine
     from specagent.engines.verdict_head import HeadVerifier
     from specagent.records.segments import DraftedStepRecord
-    from specagent.train.verdict import (
-        BoundaryCollator,
-        boundary_example,
-        score_boundaries,
-        train_verdict,
-    )
+    from specagent.train.verdict import BoundaryCollator, boundary_example, score_boundaries, train_verdict
     from tests.train.conftest import tiny_llama_config
 
     torch.manual_seed(0)

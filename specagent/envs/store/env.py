@@ -22,12 +22,7 @@ from typing import Any, Sequence
 
 from specagent.core.interfaces import Reward
 from specagent.core.types import Message, ToolCall, ToolSpec
-from specagent.envs.store.tools import (
-    TERMINAL_TOOLS,
-    TOOL_SPECS,
-    argument_problem,
-    run_tool,
-)
+from specagent.envs.store.tools import TERMINAL_TOOLS, TOOL_SPECS, argument_problem, run_tool
 from specagent.envs.tasks import load_jsonl_tasks
 
 DATA_DIR = Path(__file__).parent

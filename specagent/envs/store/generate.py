@@ -29,21 +29,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from specagent.envs.store.build_db import (
-    CITIES,
-    PEOPLE,
-    STREETS,
-    _order,
-    _user,
-    build_db,
-)
-from specagent.envs.store.build_tasks import (
-    GO_AHEAD,
-    TaskWriter,
-    address_text,
-    call,
-    money,
-)
+from specagent.envs.store.build_db import CITIES, PEOPLE, STREETS, _order, _user, build_db
+from specagent.envs.store.build_tasks import GO_AHEAD, TaskWriter, address_text, call, money
 from specagent.envs.store.env import (
     ALL_CATEGORIES,
     REQUIRED_KEYS,
