@@ -370,6 +370,7 @@ class CollectConfig(Strict):
     strong: EngineConfig = Field(default_factory=TransformersEngineConfig)
     protocol: ProtocolSettings = Field(default_factory=ProtocolSettings)
     trials: int = Field(1, gt=0)
+    concurrency: int = Field(1, gt=0)  # episodes side by side, one thread each; their calls batch in the engine
     output: str = "runs/collect/trajectories.jsonl"
     min_reward: Optional[float] = None  # keep only runs at or above this reward
 
@@ -522,7 +523,7 @@ RESUME_NEUTRAL_KEYS: dict[str, tuple[str, ...]] = {
                   *_engines("strong", "weak", "env.airline.user_model")),
     "EvalConfig": ("resume", "concurrency", "output_dir", *_TASK_SELECTION,
                    *_engines("strong", "weak", "env.airline.user_model")),
-    "CollectConfig": ("output", "min_reward", *_TASK_SELECTION, *_engines("strong", "env.airline.user_model")),
+    "CollectConfig": ("output", "min_reward", "concurrency", *_TASK_SELECTION, *_engines("strong", "env.airline.user_model")),
     "MineConfig": ("output_dir", "limit", "stride", "batch_trajectories", "validation_fraction",
                    "validation_tasks", *_engines("drafter", "strong")),
     "DrafterTrainConfig": (*_TRAIN_NEUTRAL, "acceptance"),

@@ -13,6 +13,7 @@ from specagent.core.types import Message, Trajectory, union_tools
 from specagent.data.datasets import finalize
 from specagent.data.mine import Shard, mine_shard
 from specagent.engines import EnginePool
+from specagent.engines.batching import batching_engines
 from specagent.records.trajectories import read_trajectories, write_trajectories
 from specagent.runtime.assembly import (
     DRAFTER_ADAPTER,
@@ -100,9 +101,11 @@ def collect_from_config(cfg: CollectConfig) -> Path:
     saved.write_text(dump_config(cfg))
     pool = EnginePool()
     try:
-        strong = pool.for_roles({"strong": cfg.strong}, scripted_policy(env, [cfg.strong]))["strong"]
-        records = run_tasks(env, tasks, ["strong"], Models(strong=strong), protocol_config(cfg.protocol, cfg.env), episodes,
-                            trials=cfg.trials, model_names={"strong": strong.model_name})
+        engines = pool.for_roles({"strong": cfg.strong}, scripted_policy(env, [cfg.strong]))
+        strong = (batching_engines(engines) if cfg.concurrency > 1 else engines)["strong"]
+        records = run_tasks(env, tasks, ["strong"], Models(strong=strong), protocol_config(cfg.protocol, cfg.env),
+                            episodes, trials=cfg.trials, model_names={"strong": strong.model_name},
+                            concurrency=cfg.concurrency, env_factory=lambda: build_env(cfg.env))
     finally:
         pool.close()
     tools = [replace(spec, read_only=read_only[spec.name]) for spec in env.tool_specs()]

@@ -23,7 +23,6 @@ from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCa
 from specagent.records.segments import DraftedStepRecord, SegmentRecord
 from specagent.runtime.labelers import judge_labels, match_labels, reference_steps, rollout_labels
 
-
 # how a mining run makes the draft jobs of a trajectory's cut points, and restores a live env
 JobsFor = Callable[[Trajectory, Sequence[int]], list[DraftJob]]
 RestoreFor = Callable[[Trajectory, int], Callable[[], Environment]]
