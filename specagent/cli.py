@@ -166,12 +166,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     """A training output -> adapter dir (+ merged model), vLLM recipe, model card; gated by a smoke round."""
     from specagent.export import export, transformers_factory, vllm_factory
 
-    opts = _options("ExportOptions", args, "run_dir", "out", "merge", "backend", "skip_smoke", "max_model_len",
-                    "cpu_engine_defaults")
+    opts = _options("ExportOptions", args, "run_dir", "out", "merge", "backend", "skip_smoke", "allow_degenerate",
+                    "max_model_len", "cpu_engine_defaults")
     kwargs = {"enforce_eager": True, "block_size": 32} if opts.cpu_engine_defaults else {}
     factory = vllm_factory(kwargs) if opts.backend == "vllm" else transformers_factory
     export(opts.run_dir, opts.out, merge_model=opts.merge, smoke=not opts.skip_smoke, factory=factory,
-           max_model_len=opts.max_model_len, backend=opts.backend)
+           max_model_len=opts.max_model_len, backend=opts.backend, allow_degenerate=opts.allow_degenerate)
     return 0
 
 
@@ -183,6 +183,8 @@ def _add_export_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm",
                         help="engine that must load the export for the smoke gate (default: vllm)")
     parser.add_argument("--skip-smoke", action="store_true", help="no smoke gate (not recommended)")
+    parser.add_argument("--allow-degenerate", action="store_true",
+                        help="export a verdict head that accepts or rejects nearly every step (not recommended)")
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--cpu-engine-defaults", action=argparse.BooleanOptionalAction, default=True,
                         help="vLLM on CPU: enforce_eager and block_size 32 (turn off on GPU)")

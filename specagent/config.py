@@ -386,6 +386,7 @@ class ExportOptions(Strict):
     merge: bool = False  # also write merged/: base + adapter as one checkpoint
     backend: Literal["vllm", "transformers"] = "vllm"  # the engine the gate loads the export in
     skip_smoke: bool = False
+    allow_degenerate: bool = False  # export a verdict head that accepts or rejects nearly every step
     max_model_len: int = Field(8192, gt=0)
     cpu_engine_defaults: bool = True  # vLLM on CPU: enforce_eager and block_size 32
 

@@ -193,13 +193,15 @@ def merge(base_dir: str, adapter: Path, out: Path) -> None:
 
 
 def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smoke: bool = True,
-           factory: EngineFactory | None = None, max_model_len: int = 8192, backend: str = "vllm") -> dict[str, Any]:
+           factory: EngineFactory | None = None, max_model_len: int = 8192, backend: str = "vllm",
+           allow_degenerate: bool = False) -> dict[str, Any]:
     """Build the export in `<out>.partial`, gate it, then move it to `<out>`. Returns the manifest."""
     from specagent.engines.models import materialize
     from specagent.runtime.provenance import versions
 
     run_dir, out = Path(run_dir), Path(out)
     run = read_run(run_dir)
+    degenerate_check(run, allow_degenerate)
     base_model, gguf = run["config"].get("model", "smollm2"), run["config"].get("gguf_file")
     base_dir = materialize(base_model, gguf)
     work = out.with_name(out.name + ".partial")
@@ -229,6 +231,21 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
     work.rename(out)
     print(f"export: {out}  ({run['kind']}; smoke gate {'passed' if smoke else 'skipped'})")
     return manifest
+
+
+def degenerate_check(run: dict[str, Any], allow: bool) -> None:
+    """A head that accepts (or rejects) nearly every step at its threshold would pass every
+    other check and then verify nothing: it fails the gate unless the user allows it."""
+    if run["kind"] != "verdict-head":
+        return
+    spec = HeadSpec.load(run["adapter"])
+    if spec.degenerate and not allow:
+        figures = run["metrics"].get("calibrated") or {}
+        raise SmokeGateFailed(
+            f"smoke gate: the verdict head is degenerate at its threshold {spec.threshold:g} (accept rate "
+            f"{figures.get('accept_rate')}, false-reject {figures.get('false_reject_rate')} on its calibration "
+            "rows): it would accept or reject nearly every step. Train it on more, balanced data (or pass "
+            "--allow-degenerate to export it anyway)")
 
 
 def smoke_gate(run: dict[str, Any], work: Path, base_dir: str, factory: EngineFactory, max_model_len: int,

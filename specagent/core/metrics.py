@@ -123,6 +123,8 @@ def summarize_group(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     strong, weak = ledger.total("strong"), ledger.total("weak")
     return {
         "episodes": len(records),
+        # an accepted loop (a drafter repeating a lookup the verifier keeps approving) ends here
+        "max_steps_episodes": sum(r["stop_reason"] == "max_steps" for r in records),
         "tasks": len(tasks),
         "success": mean_ci(column["reward"]),
         **counts,

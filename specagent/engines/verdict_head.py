@@ -45,6 +45,10 @@ class HeadSpec:
     threshold: float = DEFAULT_THRESHOLD
     base_model: str | None = None
     kind: str = "head"
+    # the tasks whose verdict rows set the threshold: an eval on any of them would measure a
+    # threshold chosen on its own answers (runtime.assembly refuses it)
+    calibration_tasks: tuple[str, ...] = ()
+    degenerate: bool = False  # at its threshold it accepts (or rejects) nearly every step
 
     def token_ids(self, tokenizer: Any) -> tuple[int, int]:
         ids = []
@@ -64,7 +68,10 @@ class HeadSpec:
         data = json.loads((Path(adapter_dir) / HEAD_FILE).read_text())
         if data.get("kind", "head") != "head":
             raise ConfigError(f"{adapter_dir}: a {data.get('kind')!r} verdict adapter, not a head")
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        if "calibration_tasks" in fields:
+            fields["calibration_tasks"] = tuple(str(t) for t in fields["calibration_tasks"])
+        return cls(**fields)
 
 
 def accepted_prefix(scores: Sequence[float], threshold: float) -> int:

@@ -29,9 +29,9 @@ def eval_from_config(cfg: EvalConfig) -> dict[str, Any]:
     shared = with_shared_adapters(cfg)  # every arm's adapter settled: a missing one fails before any output
     runs = expand_arms(shared.arms)
 
-    def check(env) -> None:
+    def check(env, tasks) -> None:
         for run in runs:
-            check_models(arm_spec(shared, run), env, (run.arm.mode,))
+            check_models(arm_spec(shared, run), env, (run.arm.mode,), tasks)
 
     env, tasks, out_dir, episodes = open_run(cfg, check)
     roles = {role: getattr(shared, role) for run in runs for role in needed_roles(run.arm.mode)}

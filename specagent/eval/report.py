@@ -20,7 +20,7 @@ from specagent.runtime.episodes import read_episodes
 from specagent.runtime.transcript import console
 
 COLUMNS = ("arm", "success", "gap recovered", "acceptance", "mean accepted prefix", "strong decode tokens / episode",
-           "strong decode ratio", "memory-traffic ratio", "wall-time ratio")
+           "strong decode ratio", "memory-traffic ratio", "wall-time ratio", "ended by max_steps")
 
 
 def _first_of_mode(runs: list[ArmRun], mode: str) -> str | None:
@@ -82,7 +82,8 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
         ci = arm["ci"]
         rows.append([label, _cell(arm["success"]), _cell(ci["gap_recovered"]), _cell(ci["acceptance_rate"]),
                      _cell(ci["mean_accepted_prefix"]), _cell(ci["strong_decode_tokens"], ".0f"),
-                     _cell(ci["strong_decode_ratio"]), _cell(ci["memory_traffic_ratio"]), _cell(ci["wall_time_ratio"])])
+                     _cell(ci["strong_decode_ratio"]), _cell(ci["memory_traffic_ratio"]), _cell(ci["wall_time_ratio"]),
+                     f"{arm.get('max_steps_episodes', 0)}/{arm['episodes']}"])
     return rows
 
 

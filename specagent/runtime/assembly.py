@@ -25,7 +25,7 @@ from specagent.engines import EnginePool, build_engine
 from specagent.engines.batching import batching_engines
 from specagent.engines.models import find_adapter
 from specagent.engines.scripted import ScriptedVerifier
-from specagent.engines.verdict_head import HeadVerifier, head_adapter_dir
+from specagent.engines.verdict_head import HeadSpec, HeadVerifier, head_adapter_dir
 from specagent.runtime.episodes import read_episodes
 from specagent.runtime.provenance import write_run_info
 
@@ -208,11 +208,24 @@ def plan_models(cfg: RuntimeSpec, modes: tuple[str, ...]) -> ModelPlan:
     return ModelPlan(configs, weak_adapter, verdict_adapter, head, wants_verifier)
 
 
-def check_models(cfg: RuntimeSpec, env: Environment, modes: tuple[str, ...]) -> ModelPlan:
-    """`plan_models`, and the scripted backend has the environment's expert to play."""
+def check_models(cfg: RuntimeSpec, env: Environment, modes: tuple[str, ...], tasks: Sequence[str] = ()) -> ModelPlan:
+    """`plan_models`; the scripted backend has the environment's expert to play; a verdict
+    head was not calibrated on any of ``tasks`` (the ones about to be run)."""
     plan = plan_models(cfg, modes)
     scripted_policy(env, list(plan.configs.values()))
+    if plan.head is not None:
+        check_calibration(plan.head, tasks)
     return plan
+
+
+def check_calibration(head: Path, tasks: Sequence[str]) -> None:
+    """A head's threshold is chosen on its calibration rows; measuring it on their tasks would
+    grade the threshold on its own answers. ConfigError when the two overlap."""
+    shared = sorted(set(HeadSpec.load(head).calibration_tasks) & {str(t) for t in tasks})
+    if shared:
+        raise ConfigError(f"verifier.head {head}: calibrated on {len(shared)} of the tasks it would now run "
+                          f"({', '.join(shared[:5])}{', ...' if len(shared) > 5 else ''}); calibrate on a split "
+                          "the eval never sees (mine a calibration split, validation_tasks) or run other tasks")
 
 
 def build_verifier(cfg: RuntimeSpec, plan: ModelPlan, strong: Any, env: Environment) -> Verifier:
@@ -264,12 +277,13 @@ def check_resumable(episodes: Path, saved_config: Path, cfg: Any, hint: str) -> 
 RESUME_HINT = ("run with the saved config, or set resume: false to start over, or choose another output_dir")
 
 
-def open_run(cfg: Any, check: Callable[[Environment], Any] | None = None) -> tuple[Environment, list[str], Path, Path]:
+def open_run(cfg: Any, check: Callable[[Environment, list[str]], Any] | None = None
+             ) -> tuple[Environment, list[str], Path, Path]:
     """What `run` and `eval` start from: the environment, its selected tasks, the output dir
     (config and versions written) and its episodes file (emptied unless resuming).
 
     Everything is checked before anything is written: the environment and its tasks, the tool
-    lists, ``check(env)`` (the caller's models: adapters, verdict head, the scripted backend's
+    lists, ``check(env, tasks)`` (the caller's models: adapters, verdict head, the scripted backend's
     expert), the output dir, and when resuming the episodes there and the config they ran
     with. So a bad config leaves the output dir as it was."""
     env = build_env(cfg.env)
@@ -277,7 +291,7 @@ def open_run(cfg: Any, check: Callable[[Environment], Any] | None = None) -> tup
         tasks = select_tasks(env, cfg.env)
         check_tool_lists(env, cfg.env)
         if check is not None:
-            check(env)
+            check(env, tasks)
         out_dir = check_output_dir(cfg.output_dir, "output_dir")
         episodes = out_dir / "episodes.jsonl"
         if cfg.resume:

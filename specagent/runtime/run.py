@@ -18,7 +18,7 @@ from specagent.runtime.transcript import print_summary, print_transcript
 
 def run_from_config(cfg: RunConfig) -> dict[str, Any]:
     """`specagent run`: episodes, transcript, summary.json. Returns the summary."""
-    env, tasks, out_dir, episodes = open_run(cfg, lambda env: check_models(cfg, env, (cfg.mode,)))
+    env, tasks, out_dir, episodes = open_run(cfg, lambda env, tasks: check_models(cfg, env, (cfg.mode,), tasks))
     pool = EnginePool()
     try:
         models = build_models(cfg, env, pool, (cfg.mode,), batch=cfg.concurrency > 1)

@@ -59,20 +59,21 @@ def token_labels(tokenizer: Any, example: dict[str, Any]) -> dict[str, list[int]
 def boundary_example(tokenizer: Any, row: dict[str, Any], max_length: int | None) -> dict[str, list[int]] | None:
     """input_ids + boundary labels of one verdict row; None when the verify prompt is longer
     than max_length (cutting it would score a prefix the runtime never shows the model)."""
-    out = token_labels(tokenizer, row)
+    out = {**token_labels(tokenizer, row), "task_id": str(row["task_id"])}
     return out if max_length is None or len(out["input_ids"]) <= max_length else None
 
 
 def boundary_dataset(tokenizer: Any, rows: Any, max_length: int | None) -> Any:
-    """A `verdict` split -> a dataset of input_ids and int64 labels (0/1 at boundaries, -100 elsewhere)."""
+    """A `verdict` split -> a dataset of input_ids and int64 labels (0/1 at boundaries, -100 elsewhere),
+    and the task of each row (what a calibration on it was calibrated on)."""
     from datasets import Dataset, Features, List, Value
 
     examples = [e for e in (boundary_example(tokenizer, r, max_length) for r in rows) if e is not None]
     if len(examples) < len(rows):
         print(f"verdict: {len(rows) - len(examples)} of {len(rows)} rows dropped: longer than "
               f"max_length={max_length} tokens")
-    features = Features({"input_ids": List(Value("int64")), "labels": List(Value("int64"))})
-    return Dataset.from_dict({k: [e[k] for e in examples] for k in ("input_ids", "labels")}, features=features)
+    features = Features({"input_ids": List(Value("int64")), "labels": List(Value("int64")), "task_id": Value("string")})
+    return Dataset.from_dict({k: [e[k] for e in examples] for k in features}, features=features)
 
 
 class BoundaryCollator:
@@ -229,8 +230,10 @@ def evaluate_head(cfg: VerdictTrainConfig, trainer: Any, validation: Any) -> dic
     scores, labels = score_boundaries(trainer.model, rows, trainer.data_collator, trainer.candidates,
                                       cfg.train.batch_size)
     threshold = calibrate(scores, labels, cfg.target_false_accept)
+    calibrated = head_metrics(scores, labels, threshold)
     return {"threshold": threshold, "at_0.5": head_metrics(scores, labels, DEFAULT_THRESHOLD),
-            "calibrated": head_metrics(scores, labels, threshold), "target_false_accept": cfg.target_false_accept}
+            "calibrated": calibrated, "target_false_accept": cfg.target_false_accept,
+            "calibration_tasks": sorted(set(rows["task_id"])), "degenerate": calibrated["degenerate"]}
 
 
 # --------------------------------------------------------------------- generative verdict
@@ -307,7 +310,9 @@ def save_verdict(cfg: VerdictTrainConfig, trainer: Any, metrics: dict[str, Any])
     if trainer.is_world_process_zero():
         trainer.processing_class.save_pretrained(str(out / "adapter"))
         if cfg.kind == "head":
-            HeadSpec(threshold=metrics.get("threshold", DEFAULT_THRESHOLD), base_model=cfg.model).save(
+            HeadSpec(threshold=metrics.get("threshold", DEFAULT_THRESHOLD), base_model=cfg.model,
+                     calibration_tasks=tuple(metrics.get("calibration_tasks", ())),
+                     degenerate=bool(metrics.get("degenerate", False))).save(
                 out / "adapter", gguf_file=cfg.gguf_file, target_false_accept=cfg.target_false_accept)
         else:
             (out / "adapter" / "verdict.json").write_text(json.dumps(
