@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from specagent.core.errors import ConfigError
 from specagent.core.files import read_text
@@ -317,14 +317,26 @@ class MineConfig(Strict):
     strong: Optional[EngineConfig] = None  # the strong model: `judge` and `rollout` labelers
     rollout_steps: int = Field(8, gt=0)  # strong steps per rollout
     window: int = Field(4, gt=0)  # strong steps a drafted step may match (match labeler)
-    validation_fraction: float = Field(0.2, ge=0.0, lt=1.0)  # of the tasks (by a stable hash of the task id)
-    validation_tasks: Optional[list[str]] = None  # explicit validation tasks (beats the fraction)
+    validation_fraction: float = Field(0.2, ge=0.0, lt=1.0)  # of the groups (by a stable hash of the group)
+    # explicit validation tasks (beats the fraction); every one must be a task of the trajectories
+    validation_tasks: Optional[list[str]] = None
+    # what keeps related runs on one side of the split: `task` (the task id), or a key of the
+    # trajectories' `meta` (e.g. user_id): every task of a group goes where the group goes
+    split_by: str = "task"
     stride: int = Field(1, gt=0)  # every k-th trajectory (e.g. 4: one trial per task of tau-bench runs)
     limit: Optional[int] = Field(None, gt=0)  # then the first N trajectories
     max_cuts_per_trajectory: Optional[int] = Field(None, gt=0)  # evenly spaced cut points (None: every one)
     # also add the strong model's own next steps at each cut as valid segments (verdict data only)
     reference_segments: bool = False
     batch_trajectories: int = Field(1, gt=0)  # trajectories drafted together (bigger engine batches)
+
+    @field_validator("validation_tasks", mode="before")
+    @classmethod
+    def _ids_are_strings(cls, value: Any) -> Any:
+        """YAML reads `validation_tasks: [20, 21]` as ints; task ids are strings."""
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -671,7 +683,9 @@ class DrafterTrainConfig(Strict):
     output_dir: str = "runs/train/drafter"
     resume: bool = True  # continue from the last checkpoint in output_dir, if any
     max_length: Optional[int] = Field(2048, gt=0)  # tokens per example (the start is kept: system prompt, tools)
-    min_reward: Optional[float] = None  # keep only trajectories with reward >= this (unknown reward: dropped)
+    # distil the strong model's successful runs: rows whose reward is known and below this are
+    # left out (unknown rewards are kept); null keeps every row
+    min_reward: Optional[float] = 1.0
     limit: Optional[int] = Field(None, gt=0)  # the first N training rows (smoke runs)
     # how rows show tools and policy (engines/render.py PROFILES: full, signatures, compact, bare); saved
     # with the adapter, so the runtime serves it the same way. None: the base model's own (full if none)

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from specagent.core.errors import ConfigError
 from specagent.core.types import Trajectory
 from specagent.core.verify import verify_messages
 from specagent.data.mine import Shard
@@ -35,6 +36,23 @@ def split_of(task_id: str, validation_tasks: Sequence[str] | None, fraction: flo
         return "validation" if str(task_id) in {str(t) for t in validation_tasks} else "train"
     bucket = int.from_bytes(hashlib.sha256(str(task_id).encode()).digest()[:4], "big") % 10_000
     return "validation" if bucket < fraction * 10_000 else "train"
+
+
+def task_split(trajectories: Sequence[Trajectory], validation_tasks: Sequence[str] | None, fraction: float,
+               split_by: str = "task") -> dict[str, str]:
+    """task id -> train | validation, keeping groups whole: with ``split_by`` a key of the
+    trajectories' meta (e.g. a user), every task of a group goes where the group goes (a
+    listed validation task takes its group along). A listed task no trajectory has is an error."""
+    tasks = {t.task_id for t in trajectories}
+    unknown = sorted({str(v) for v in validation_tasks or ()} - tasks)
+    if unknown:
+        raise ConfigError(f"validation_tasks: {len(unknown)} id(s) match no trajectory: {', '.join(unknown[:5])} "
+                          f"(the trajectories' tasks: {', '.join(sorted(tasks)[:5])}, ...)")
+    group = {t.task_id: str(t.meta.get(split_by, t.task_id)) if split_by != "task" else t.task_id for t in trajectories}
+    if validation_tasks is not None:
+        listed = {group[str(v)] for v in validation_tasks}
+        return {task: "validation" if group[task] in listed else "train" for task in tasks}
+    return {task: split_of(group[task], None, fraction) for task in tasks}
 
 
 def read_shards(work_dir: Path, trajectories: Sequence[Trajectory], shard_count: int) -> list[dict[str, Any]]:
@@ -94,13 +112,14 @@ def finalize(
     validation_fraction: float,
     config: dict[str, Any],
     versions: dict[str, Any],
+    split_by: str = "task",
 ) -> dict[str, Any]:
     """Shard files -> `segments`, `drafter`, `verdict` datasets + `stats.json` + README card.
     The same shard contents always give the same datasets, however they were mined."""
     rows = read_shards(work_dir, trajectories, shard_count)
     everything = [seg for row in rows for seg in row["segments"]]
     segments = [seg for seg in everything if seg["label_source"] != "reference"]  # drafts only: acceptance
-    split = {t.task_id: split_of(t.task_id, validation_tasks, validation_fraction) for t in trajectories}
+    split = task_split(trajectories, validation_tasks, validation_fraction, split_by)
     by_id = {t.id: t for t in trajectories}
     built = {
         "segments": to_dataset_dict(segment_rows(segments, split), ("steps", "reference")),

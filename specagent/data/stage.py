@@ -10,7 +10,7 @@ from specagent.config import CollectConfig, MineConfig, check_resume, dump_confi
 from specagent.core.classify import classify_tools
 from specagent.core.files import check_output_dir, check_output_file
 from specagent.core.types import Message, Trajectory, union_tools
-from specagent.data.datasets import finalize
+from specagent.data.datasets import finalize, task_split
 from specagent.data.mine import Shard, mine_shard
 from specagent.engines import EnginePool
 from specagent.engines.batching import batching_engines
@@ -33,6 +33,7 @@ def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None 
     the datasets from N finished shard files."""
     trajectories = read_trajectories(cfg.trajectories)[:: cfg.stride][: cfg.limit]
     plan = _check_mine(cfg, trajectories)  # everything checked before anything is written
+    task_split(trajectories, cfg.validation_tasks, cfg.validation_fraction, cfg.split_by)  # unknown ids fail here
     out_dir = check_output_dir(cfg.output_dir, "output_dir")
     work_dir = out_dir / "shards"
     if any(work_dir.glob("shard-*.jsonl")):  # mined work to resume: it must be this config's
@@ -47,7 +48,7 @@ def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None 
             return None
     count = merge or 1
     stats = finalize(trajectories, work_dir, out_dir, count, cfg.validation_tasks, cfg.validation_fraction,
-                     cfg.model_dump(mode="json"), versions())
+                     cfg.model_dump(mode="json"), versions(), cfg.split_by)
     print(f"datasets: {out_dir}/segments, {out_dir}/drafter, {out_dir}/verdict   card: {out_dir}/README.md")
     a = stats["all"]
     print(f"segments {a['segments']}  drafted steps {a['drafted_steps']}  accepted {a['accepted_steps']}  "

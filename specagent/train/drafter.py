@@ -45,20 +45,24 @@ def drafter_data(cfg: DrafterTrainConfig, profile: PromptProfile = FULL) -> tupl
     else:
         train, validation = load_splits(cfg.dataset, None)
 
-    def keep(split):
+    def keep(split, name: str):
         if split is None:
             return None
-        if cfg.min_reward is not None:
-            split = split.filter(lambda r: r["reward"] is not None and r["reward"] >= cfg.min_reward)
+        if cfg.min_reward is not None:  # the strong model's successful runs; unknown rewards stay
+            before = len(split)
+            split = split.filter(lambda r: r["reward"] is None or r["reward"] >= cfg.min_reward)
+            if before > len(split):
+                print(f"drafter: min_reward={cfg.min_reward:g} leaves out {before - len(split)} of {before} {name} "
+                      "rows (runs that failed; min_reward: null keeps them)")
         return profiled(split.select_columns(list(COLUMNS)), profile)
 
-    train = keep(train)
+    train = keep(train, "training")
     if cfg.limit is not None:
         train = train.select(range(min(cfg.limit, len(train))))
     if len(train) == 0:
         raise ConfigError(f"dataset: no training rows left in {cfg.dataset} "
                           f"(min_reward={cfg.min_reward}, limit={cfg.limit})")
-    validation = keep(validation)
+    validation = keep(validation, "validation")
     return train, validation if validation is not None and len(validation) else None
 
 
