@@ -152,6 +152,7 @@ class EnvConfig(Strict):
     # store only: "ticket" = the opening says everything; "multi_turn" = identity and order ids only when asked
     user: Literal["ticket", "multi_turn"] = "ticket"
     task_ids: Optional[list[str]] = None
+    exclude_task_ids: list[str] = Field(default_factory=list)  # left out (e.g. the tasks an eval holds back)
     limit: Optional[int] = Field(None, gt=0)  # the first N tasks
     read_only: list[str] = Field(default_factory=list)  # user allow list (beats the environment)
     write: list[str] = Field(default_factory=list)  # user deny list (beats the environment)

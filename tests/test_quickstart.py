@@ -49,3 +49,14 @@ def test_a_failing_stage_stops_the_pipeline_and_names_itself(tmp_path):
     with pytest.raises(SpecAgentError, match=r"stage 2 \(eval"):
         run_pipeline(pipeline, out=tmp_path)
     assert (tmp_path / "demos.jsonl").is_file() and not (tmp_path / "eval" / "report.md").exists()
+
+
+def test_the_quickstart_keeps_its_eval_tasks_out_of_training_and_calibration():
+    """S, the drafter and the head never see the eval's tasks: the demonstrations leave them
+    out, and the head's calibration (mine's validation) tasks are others."""
+    from specagent.config import CollectConfig, EvalConfig, MineConfig, load_config
+
+    base = Path(__file__).resolve().parents[1] / "configs" / "quickstart"
+    evaluated = set(load_config(EvalConfig, base / "eval.yaml").env.task_ids)
+    assert evaluated <= set(load_config(CollectConfig, base / "collect.yaml").env.exclude_task_ids)
+    assert not evaluated & set(load_config(MineConfig, base / "mine.yaml").validation_tasks)

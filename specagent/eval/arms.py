@@ -9,9 +9,7 @@ from typing import Sequence
 from specagent.config import ArmConfig, EvalConfig, RuntimeSpec, VerifierConfig
 from specagent.core.errors import ConfigError
 from specagent.engines.verdict_head import head_adapter_dir
-from specagent.runtime.assembly import adapter_dir
-
-HEAD_ADAPTER = "verdict-head"  # the name `serve.runtime.build_models` serves a verdict head under
+from specagent.runtime.assembly import HEAD_ADAPTER, adapter_dir
 
 
 @dataclass(frozen=True)

@@ -84,14 +84,13 @@ def mcp_env(cfg: EnvConfig) -> Environment:
 
 
 def select_tasks(env: Environment, cfg: EnvConfig) -> list[str]:
+    """`env.task_ids` (else every task), without `env.exclude_task_ids`, then the first `env.limit`."""
     available = env.task_ids()
-    if cfg.task_ids is not None:
-        unknown = [t for t in cfg.task_ids if t not in available]
+    for key in ("task_ids", "exclude_task_ids"):
+        unknown = [t for t in getattr(cfg, key) or () if t not in available]
         if unknown:
-            raise ConfigError(f"env.task_ids: unknown task ids {unknown} (the environment has {len(available)} tasks)")
-        chosen = list(cfg.task_ids)
-    else:
-        chosen = available
+            raise ConfigError(f"env.{key}: unknown task ids {unknown} (the environment has {len(available)} tasks)")
+    chosen = [t for t in (cfg.task_ids if cfg.task_ids is not None else available) if t not in cfg.exclude_task_ids]
     return chosen[: cfg.limit] if cfg.limit else chosen
 
 

@@ -332,3 +332,13 @@ def test_multi_turn_messages_are_well_formed():
         for step in expert_steps(env, task_id):
             assert isinstance(step, Message) and step.role == "assistant"
             assert bool(step.tool_calls) != bool(step.content)
+
+
+def test_exclude_task_ids_leaves_tasks_out_and_checks_them():
+    from specagent.runtime.assembly import select_tasks
+
+    env = StoreEnv()
+    chosen = select_tasks(env, EnvConfig(exclude_task_ids=["lookup_01"]))
+    assert "lookup_01" not in chosen and len(chosen) == len(env.task_ids()) - 1
+    with pytest.raises(ConfigError, match="env.exclude_task_ids: unknown task ids"):
+        select_tasks(env, EnvConfig(exclude_task_ids=["lookup_1"]))
