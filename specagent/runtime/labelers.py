@@ -5,6 +5,9 @@
   compared by a pluggable text judge.
 - `judge`: the strong model grades the drafted steps with the strong continuation as
   reference and returns the first invalid index.
+
+The default reply judge of `match` is `claim_judge` (facts and claim must agree);
+`overlap_judge` (facts and word overlap only) is kept for comparison.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ _KEY_TOKEN = re.compile(r"[a-z]*\d[\w.\-]*")
 
 
 def overlap_judge(draft: str, reference: str, min_f1: float = 0.5) -> bool:
-    """The cheap default text judge: every id/number the reference states is stated by
-    the draft, and the word overlap (F1) is at least ``min_f1``."""
+    """The former default text judge: every id/number the reference states is stated by
+    the draft, and the word overlap (F1) is at least ``min_f1``. It accepts a reply that
+    repeats the reference's facts with the opposite claim ("can be updated, please confirm"
+    for "has been updated"); `claim_judge` replaced it as the default (issue 15)."""
     d, r = normalise_text(draft), normalise_text(reference)
     if not set(_KEY_TOKEN.findall(r)) <= set(_KEY_TOKEN.findall(d)):
         return False
@@ -34,6 +39,173 @@ def overlap_judge(draft: str, reference: str, min_f1: float = 0.5) -> bool:
     common = len(set(dw) & set(rw))
     precision, recall = common / len(set(dw)), common / len(set(rw))
     return precision + recall > 0 and 2 * precision * recall / (precision + recall) >= min_f1
+
+
+# --- claim_judge -------------------------------------------------------------------------
+
+DONE, CANNOT, ASKS, INFORMS, PARTIAL = "done", "cannot", "asks", "informs", "partial"
+
+# past participles (and simple pasts) of state-changing actions: "has been <verb>", "I <verb>"
+_ACTION = (r"(?:cancell?ed|booked|rebooked|reserved|updated|changed|modified|upgraded|downgraded|added|"
+           r"removed|processed|refunded|credited|charged|issued|sent|applied|completed|confirmed|"
+           r"transferred|made|switched|submitted|placed|finali[sz]ed|waived|covered|adjusted|done)")
+_NEG = r"(?:not|n't|never)"
+# "has been cancelled", "have not been added", "was successfully processed", "were not refunded"
+_PASSIVE = re.compile(rf"\b(?:has|have|had|was|were)(?:n't)?\s+(?:(?P<n1>{_NEG})\s+)?"
+                      rf"(?:(?:been|already|successfully|now|also|just|fully)\s+){{0,3}}{_ACTION}\b")
+# "I've updated", "we have not cancelled", "I cancelled", "I successfully booked"
+_ACTIVE = re.compile(rf"\b(?:i|we)(?:'ve|\s+have|\s+had)?(?:n't)?\s+(?:(?P<n1>{_NEG})\s+)?"
+                     rf"(?:(?:already|successfully|now|also|just)\s+){{0,2}}{_ACTION}\b")
+_SUCCESS = re.compile(rf"(?<!un)\bsuccessfully\b|\b(?:is|are) now (?:\w+ ){{0,2}}{_ACTION}\b|"
+                      r"\b(?:is|are) (?:now )?(?:confirmed|complete|all set)\b")
+_CANNOT = re.compile(r"\b(?:cannot|can ?not|can't|could ?not|couldn't|unable|not able|won't be able|will not be able|"
+                     r"not possible|impossible|not eligible|ineligible|isn't eligible|not allowed|not permitted|"
+                     r"(?:does|do|did)(?: not|n't) allow|refuse|must decline|have to decline)\b")
+# "cannot proceed without the reservation id" asks for it
+_NEEDS = re.compile(r"\s*(?:to\s+)?(?:proceed|continue|go ahead|assist|help|access|look up|find|locate|"
+                    r"do (?:this|that|so))\b[^.?!]*?\bwithout (?:your|the|a|an)\b")
+_ASKS = re.compile(r"\b(?:please (?:provide|give|confirm|let me know|share|specify|choose|select|tell|send|reply|"
+                   r"respond|advise|check|clarify|indicate)|could you|can you|would you (?:like|prefer)|"
+                   r"shall i|should i|do you (?:want|wish|prefer)|let me know (?:which|what|if|whether|how)|"
+                   r"(?:i'll|i will|i would|i)\s+need (?:your|the|to know|you to|to confirm|some|a few|more)|"
+                   r"confirm (?:if|whether|that|with|the|your|a few))\b")
+# a cue inside a clause opened by one of these states a condition or a reason, not the claim
+_BACKGROUND = re.compile(r"\b(?:if|unless|once|when|whether|since|because|after|before|until)\b")
+_RELATIVE = re.compile(r"\b(?:that|which|who)\s+$")  # "flights that were cancelled"
+_CLOSING = re.compile(r"(?:any (?:other|more|further) (?:questions?|assistance|help)|further assistance|"
+                      r"anything else|feel free|don't hesitate|do not hesitate|safe travels|"
+                      r"have a (?:great|good|nice|wonderful|safe)|you're welcome|happy to help)")
+_OFFER = re.compile(r"\b(?:would you like|shall i|do you want|please (?:confirm|provide)|could you)\b")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_CLAUSE_START = re.compile(r"[,;:()\u2014]|\s-\s|\b(?:and|but|so|while)\b")
+
+
+def _sentences(text: str) -> list[str]:
+    text = re.sub(r"[*`_#>]+", " ", (text or "").lower()).replace("\u2019", "'")
+    return [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
+
+
+def _live(sentence: str, match: re.Match[str]) -> bool:
+    """A cue counts unless its clause (back to the last comma, colon, 'and', 'but', ...) opens
+    with a condition or a reason ('if it was booked', 'unless ... was purchased', 'since it
+    has been cancelled') or it opens a relative clause ('flights that were cancelled')."""
+    head = sentence[: match.start()]
+    starts = [m.end() for m in _CLAUSE_START.finditer(head)]
+    clause = head[starts[-1] if starts else 0:]
+    return not _BACKGROUND.search(clause) and not _RELATIVE.search(clause)
+
+
+def reply_claim(text: str) -> str:
+    """What a reply asserts about the action; see `claim_judge` for the rules."""
+    done = cannot = asks = False
+    for sentence in _sentences(text):
+        question = sentence.endswith("?")
+        if _CLOSING.search(sentence) and not _OFFER.search(sentence):
+            continue  # "If you need any further assistance, feel free to ask!"
+        for rx in (_PASSIVE, _ACTIVE):
+            for m in rx.finditer(sentence):
+                if not _live(sentence, m) or question:
+                    continue
+                if m.group("n1") or "n't" in m.group(0):
+                    cannot = True  # "has not been cancelled": not done
+                else:
+                    done = True
+        if not question and any(_live(sentence, m) for m in _SUCCESS.finditer(sentence)):
+            done = True
+        for m in _CANNOT.finditer(sentence):
+            if _live(sentence, m):
+                if _NEEDS.match(sentence, m.end()):
+                    asks = True
+                else:
+                    cannot = True
+        if question or _ASKS.search(sentence):
+            asks = True
+    if done and cannot:
+        return PARTIAL
+    return DONE if done else CANNOT if cannot else ASKS if asks else INFORMS
+
+
+_MONTHS = {m: i for i, m in enumerate(("january", "february", "march", "april", "may", "june", "july",
+                                       "august", "september", "october", "november", "december"), 1)}
+_ISO_DATE = re.compile(r"\b\d{4}-(\d{1,2})-(\d{1,2})\b")
+_NAMED_DATE = re.compile(r"\b(" + "|".join(_MONTHS) + r")\s+(\d{1,2})(?:st|nd|rd|th)?\b(?:,?\s+\d{4}\b)?")
+_FACT = re.compile(r"[a-z_]*\d[a-z0-9_]*(?::\d+)?")
+
+
+def _canonical_facts_text(text: str) -> str:
+    t = re.sub(r"(?m)^\s*(?:\d+[.)]|[-*\u2022])\s+", " ", (text or "").lower())  # list markers
+    t = re.sub(r"\s+", " ", t)
+    t = _ISO_DATE.sub(lambda m: f"date{int(m[1]):02d}{int(m[2]):02d}", t)
+    t = _NAMED_DATE.sub(lambda m: f"date{_MONTHS[m[1]]:02d}{int(m[2]):02d}", t)
+    t = re.sub(r"(?<=\d),(?=\d{3}\b)", "", t)  # 2,544 -> 2544
+    t = re.sub(r"(?<=\d)\.00?\b", "", t)  # $150.00 -> 150
+    return re.sub(r"\b0(\d:\d\d)\b", r"\1", t)  # 07:00 -> 7:00
+
+
+def reply_facts(text: str) -> set[str]:
+    """The ids, numbers, dates and times a reply states, in one spelling each."""
+    return set(_FACT.findall(_canonical_facts_text(text)))
+
+
+def _word_f1(draft: str, reference: str) -> float:
+    dw = set(re.findall(r"[a-z0-9_]+", _canonical_facts_text(draft)))
+    rw = set(re.findall(r"[a-z0-9_]+", _canonical_facts_text(reference)))
+    if not dw or not rw:
+        return float(dw == rw)
+    common = len(dw & rw)
+    return 0.0 if not common else 2 * common / (len(dw) + len(rw))
+
+
+def claim_judge(draft: str, reference: str, min_f1: float = 0.5) -> bool:
+    """The cheap default text judge: a drafted reply is valid iff it makes the same claim as
+    the reference, states every fact the reference states, and overlaps it in words.
+
+    Facts: the ids, numbers, dates and times of the reference (`reply_facts`: dates in one
+    spelling, ``2024-05-20`` = ``May 20th``; ``$2,544`` = ``2544``; list numbering ignored)
+    must all be in the draft, and word-set F1 must be at least ``min_f1``.
+
+    Claim (`reply_claim`), from cues in the sentences of the reply, lower-cased, markdown
+    stripped:
+
+    - closings are skipped: a sentence with "any further assistance", "anything else",
+      "feel free", "safe travels", ... that asks nothing ("would you like", "please
+      confirm", ...).
+    - done: "has/have/had/was/were [not] [been|already|successfully|now] <action>",
+      "I/we ['ve|have] <action>", "successfully", "is/are now ... <action>", where
+      <action> is a state-changing participle (cancelled, booked, updated, changed, added,
+      processed, refunded, charged, issued, upgraded, completed, ...; not found, created,
+      delayed, delivered); "is/are [now] confirmed/complete/all set".
+    - cannot (not done / refused): "cannot", "can't", "could not", "unable", "not able",
+      "not possible", "not eligible", "not allowed", "does not allow", "refuse", "must
+      decline"; and a done cue negated inside it: "has not been cancelled", "I haven't
+      updated", "were never refunded".
+    - asks (needs input): a sentence ending in "?", "please provide/give/confirm/let me
+      know/specify/...", "could you", "can you", "would you like", "shall I", "do you want",
+      "let me know which/what/if", "I('ll) need your/the/to know", "confirm if/whether/the";
+      and a cannot cue followed by "proceed/continue/assist/help/access/find ... without
+      your/the ..." ("cannot proceed without the reservation id" asks for it).
+    - informs: none of these.
+
+    Context: a done or cannot cue does not count when its clause (back to the last comma,
+    colon, semicolon, bracket, dash, "and", "but", "so", "while") contains a condition or
+    reason word: "if", "unless", "once", "when", "whether", "since", "because", "after",
+    "before", "until" ("I can only cancel it if it was booked ...", "if you are unable to
+    find it"), or when it follows "that/which/who" ("flights that were cancelled"); a done
+    cue in a question does not count ("was it booked in the last 24 hours?").
+
+    Precedence: done and cannot together are `partial` (part done, part refused); else done
+    > cannot > asks > informs, so "X has been cancelled. Would you like to book a new
+    flight?" is done and "I cannot change basic economy. Would you like a human agent?" is
+    cannot. Claims must be equal; `partial` equals only `partial`. A draft equal to the
+    reference up to case and whitespace is valid.
+    """
+    if normalise_text(draft) == normalise_text(reference):
+        return True
+    if reply_claim(draft) != reply_claim(reference):
+        return False
+    if not reply_facts(reference) <= reply_facts(draft):
+        return False
+    return _word_f1(draft, reference) >= min_f1
 
 
 def prefix_closed(valid: Sequence[bool]) -> list[int]:
@@ -55,14 +227,14 @@ def match_labels(
     reference: Sequence[Message],
     read_only: dict[str, bool],
     window: int = 4,
-    judge: TextJudge = overlap_judge,
+    judge: TextJudge = claim_judge,
 ) -> list[int]:
     """Label drafted steps against the strong continuation.
 
     The window is the next ``window`` strong steps, cut after the first one that is not
     a pure lookup. A drafted lookup is valid if it equals any unmatched lookup of the
     window (order may differ); a drafted write or reply is valid if it matches the
-    window's first non-lookup step (a reply through ``judge``).
+    window's first non-lookup step (a reply through ``judge``, by default `claim_judge`).
     """
     window_steps = []
     for ref in reference[:window]:
