@@ -50,6 +50,9 @@ class VLLMEngineConfig(EngineBase):
 
     backend: Literal["vllm"]
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)  # vllm.LLM(...) as is: tensor_parallel_size, ...
+    # how a verdict head's step boundaries are read: one request per boundary on the prompt cut
+    # there, through the prefix cache (cached_prefixes), or vLLM's prompt_logprobs (no cache)
+    head_scoring: Literal["cached_prefixes", "prompt_logprobs"] = "cached_prefixes"
 
 
 class OpenAIEngineConfig(EngineBase):
@@ -181,6 +184,9 @@ class VerifierConfig(Strict):
     head: Optional[str] = None  # head: a `specagent export` dir of a verdict head
     threshold: Optional[float] = Field(None, gt=0.0, lt=1.0)  # head: None = the calibrated one
     max_tokens: int = Field(8, gt=0)
+    # head: the strong model already holds the head (`specagent export --merge` of it): the base
+    # weights read the boundaries and act, so the repair finds the verdict's prefill in the cache
+    merged: bool = False
 
     @model_validator(mode="after")
     def _head_needs_path(self) -> "VerifierConfig":
@@ -713,6 +719,10 @@ class VerdictTrainConfig(Strict):
     max_length: Optional[int] = Field(8192, gt=0)  # longer verify prompts are left out (never cut)
     limit: Optional[int] = Field(None, gt=0)
     target_false_accept: float = Field(0.05, gt=0.0, lt=1.0)  # threshold calibration (head)
+    # head: weight of the causal-LM loss on the strong model's own turns in each row's context, so
+    # the head can be merged into it (one set of weights acts and judges; the repair then reuses
+    # the verdict's prefill in vLLM's cache). 0: a head only (served as an adapter)
+    act_loss_weight: float = Field(0.0, ge=0.0)
     eval_limit: Optional[int] = Field(None, gt=0)  # validation rows scored at the end
     eval_max_tokens: int = Field(8, gt=0)  # generative: the verdict's decode budget
     lora: LoraSettings = Field(default_factory=LoraSettings)

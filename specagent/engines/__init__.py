@@ -29,7 +29,7 @@ def build_engine(cfg: Any, scripted_policy: Callable | None = None) -> ChatEngin
             return VLLMEngine(
                 model=cfg.model, gguf_file=cfg.gguf_file, adapters=dict(cfg.adapters),
                 temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                max_model_len=cfg.max_model_len, engine_kwargs=dict(cfg.engine_kwargs),
+                max_model_len=cfg.max_model_len, engine_kwargs=dict(cfg.engine_kwargs), head_scoring=cfg.head_scoring,
             )
         case "openai":
             from specagent.engines.openai_engine import OpenAIEngine

@@ -125,12 +125,14 @@ class HeadVerifier:
     """Verdicts from a trained head on the strong engine: one prefill, zero decoded tokens."""
 
     def __init__(self, engine: TokenScorer, head: str | Path, threshold: float | None = None,
-                 adapter: str | None = None) -> None:
+                 adapter: str | None = None, merged: bool = False) -> None:
+        """``adapter``: the name the head's LoRA is registered under (default: its dir);
+        ``merged``: the engine's base weights are the head (no adapter)."""
         self.engine = engine
         self.adapter_dir = head_adapter_dir(head)
         self.spec = HeadSpec.load(self.adapter_dir)
         self.threshold = self.spec.threshold if threshold is None else threshold
-        self.adapter = adapter or str(self.adapter_dir)
+        self.adapter = None if merged else adapter or str(self.adapter_dir)
         self.candidates = self.spec.token_ids(engine.tokenizer)
 
     def probabilities(self, context: Sequence[Message], tools: Sequence[ToolSpec],

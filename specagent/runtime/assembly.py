@@ -200,7 +200,8 @@ def plan_models(cfg: RuntimeSpec, modes: tuple[str, ...]) -> ModelPlan:
         if cfg.strong.backend not in SCORING_BACKENDS:
             raise ConfigError(f"verifier kind 'head' needs a strong engine that scores prompt positions "
                               f"({' or '.join(SCORING_BACKENDS)}), not {cfg.strong.backend!r}")
-        configs["strong"] = with_adapter(configs["strong"], HEAD_ADAPTER, str(head))
+        if not cfg.verifier.merged:  # else the strong model's own weights are the head
+            configs["strong"] = with_adapter(configs["strong"], HEAD_ADAPTER, str(head))
     elif wants_verifier:
         configs["strong"], verdict_adapter = resolve_adapter(configs["strong"], verdict_adapter, VERDICT_ADAPTER,
                                                              "verifier.adapter")
@@ -236,7 +237,8 @@ def build_verifier(cfg: RuntimeSpec, plan: ModelPlan, strong: Any, env: Environm
             if not isinstance(strong, TokenScorer):
                 raise ConfigError(f"verifier kind 'head' needs a strong engine that scores prompt positions "
                                   f"(transformers or vllm), not {cfg.strong.backend!r}")
-            return HeadVerifier(strong, plan.head, cfg.verifier.threshold, adapter=HEAD_ADAPTER)
+            return HeadVerifier(strong, plan.head, cfg.verifier.threshold, adapter=HEAD_ADAPTER,
+                                merged=cfg.verifier.merged)
         case "scripted":
             return expert_verifier(env)
     return GenerativeVerifier(strong, adapter=plan.verdict_adapter, max_tokens=cfg.verifier.max_tokens)

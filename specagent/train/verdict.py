@@ -25,6 +25,8 @@ from typing import Any, Sequence
 
 from specagent.config import VerdictTrainConfig
 from specagent.core.errors import ConfigError
+from specagent.core.types import Message, ToolSpec
+from specagent.engines.render import FULL, PromptProfile, load_template, template_messages
 from specagent.engines.verdict_head import DEFAULT_THRESHOLD, HeadSpec, boundary_positions, probability
 from specagent.records.segments import VerdictRow
 from specagent.runtime.provenance import write_run_info
@@ -46,33 +48,51 @@ from specagent.train.verdict_metrics import calibrate, head_metrics, prefix_metr
 IGNORE = -100
 
 
-def token_labels(tokenizer: Any, example: dict[str, Any]) -> dict[str, list[int]]:
-    """A `verdict` dataset row -> input_ids and labels (0/1 at step boundaries, -100 elsewhere)."""
+def token_labels(tokenizer: Any, example: dict[str, Any], profile: PromptProfile = FULL) -> dict[str, list[int]]:
+    """A `verdict` dataset row -> input_ids, labels (0/1 at step boundaries, -100 elsewhere)
+    and act_labels (the token ids of the strong model's own turns in the committed context,
+    -100 elsewhere), rendered under the strong model's prompt profile."""
     row = VerdictRow.parse(example, f"verdict row {example.get('segment_id')}")
-    ids, positions = boundary_positions(tokenizer, row.chat(), row.tool_specs(), row.step_message_indices)
+    messages, tools = row.chat(), row.tool_specs()
+    ids, positions = boundary_positions(tokenizer, messages, tools, row.step_message_indices, profile=profile)
     labels = [IGNORE] * len(ids)
     for position, label in zip(positions, row.labels):
         labels[position] = int(label)
-    return {"input_ids": ids, "labels": labels}
+    return {"input_ids": ids, "labels": labels, "act_labels": context_turns(tokenizer, messages[: row.step_message_indices[0]], tools, ids, profile)}
 
 
-def boundary_example(tokenizer: Any, row: dict[str, Any], max_length: int | None) -> dict[str, list[int]] | None:
+def context_turns(tokenizer: Any, context: Sequence[Message], tools: Sequence[ToolSpec], ids: list[int],
+                  profile: PromptProfile) -> list[int]:
+    """``ids`` at the assistant tokens of the rendered ``context`` (a prefix of them), -100 elsewhere."""
+    if not any(m.role == "assistant" for m in context):
+        return [IGNORE] * len(ids)
+    messages, shown = profile.apply(context, tools)
+    rendered = tokenizer.apply_chat_template(template_messages(messages), chat_template=load_template(),
+                                             tools=[t.to_openai() for t in shown] or None, tokenize=True,
+                                             return_dict=True, return_assistant_tokens_mask=True)
+    mask = rendered["assistant_masks"]
+    return [ids[i] if i < len(mask) and mask[i] else IGNORE for i in range(len(ids))]
+
+
+def boundary_example(tokenizer: Any, row: dict[str, Any], max_length: int | None,
+                     profile: PromptProfile = FULL) -> dict[str, list[int]] | None:
     """input_ids + boundary labels of one verdict row; None when the verify prompt is longer
     than max_length (cutting it would score a prefix the runtime never shows the model)."""
-    out = {**token_labels(tokenizer, row), "task_id": str(row["task_id"])}
+    out = {**token_labels(tokenizer, row, profile), "task_id": str(row["task_id"])}
     return out if max_length is None or len(out["input_ids"]) <= max_length else None
 
 
-def boundary_dataset(tokenizer: Any, rows: Any, max_length: int | None) -> Any:
+def boundary_dataset(tokenizer: Any, rows: Any, max_length: int | None, profile: PromptProfile = FULL) -> Any:
     """A `verdict` split -> a dataset of input_ids and int64 labels (0/1 at boundaries, -100 elsewhere),
     and the task of each row (what a calibration on it was calibrated on)."""
     from datasets import Dataset, Features, List, Value
 
-    examples = [e for e in (boundary_example(tokenizer, r, max_length) for r in rows) if e is not None]
+    examples = [e for e in (boundary_example(tokenizer, r, max_length, profile) for r in rows) if e is not None]
     if len(examples) < len(rows):
         print(f"verdict: {len(rows) - len(examples)} of {len(rows)} rows dropped: longer than "
               f"max_length={max_length} tokens")
-    features = Features({"input_ids": List(Value("int64")), "labels": List(Value("int64")), "task_id": Value("string")})
+    features = Features({"input_ids": List(Value("int64")), "labels": List(Value("int64")),
+                         "act_labels": List(Value("int64")), "task_id": Value("string")})
     return Dataset.from_dict({k: [e[k] for e in examples] for k in features}, features=features)
 
 
@@ -94,6 +114,7 @@ class BoundaryCollator:
         input_ids = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(features), width), dtype=torch.long)
         labels = torch.full((len(features), width), IGNORE, dtype=torch.long)
+        act = torch.full((len(features), width), IGNORE, dtype=torch.long)
         for row, feature in enumerate(features):
             ids, labs = feature["input_ids"], self.checked_labels(feature["labels"])
             if len(labs) != len(ids):
@@ -101,7 +122,9 @@ class BoundaryCollator:
             input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
             attention[row, : len(ids)] = 1
             labels[row, : len(ids)] = labs
-        return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+            if "act_labels" in feature:
+                act[row, : len(ids)] = torch.as_tensor(feature["act_labels"], dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": attention, "labels": labels, "act_labels": act}
 
     @staticmethod
     def checked_labels(labels: Any) -> Any:
@@ -122,20 +145,33 @@ class BoundaryCollator:
 MASS_WEIGHT = 1.0  # weight of -log(P(yes) + P(no)) at the boundaries: vLLM reports top-k only
 
 
-def boundary_logprobs(model: Any, batch: dict[str, Any], candidates: tuple[int, int]) -> tuple[Any, Any]:
-    """(log-probs of the (yes, no) tokens at every boundary of the batch [n, 2], their labels [n]).
-    Only the boundary positions go through the LM head (`logits_to_keep`)."""
+def boundary_logprobs(model: Any, batch: dict[str, Any], candidates: tuple[int, int],
+                      with_act: bool = False) -> tuple[Any, ...]:
+    """(log-probs of the (yes, no) tokens at every boundary of the batch [n, 2], their labels [n]),
+    and with ``with_act`` the causal-LM loss on the `act_labels` tokens (mean, 0 where none).
+    Only the positions needed go through the LM head (`logits_to_keep`): the boundaries, and
+    the position before each act token."""
     import torch
+    import torch.nn.functional as F
 
     labels = batch["labels"]
     rows, positions = (labels != IGNORE).nonzero(as_tuple=True)
-    keep = torch.unique(positions)  # sorted
+    act = batch.get("act_labels")
+    act_rows, act_next = (act != IGNORE).nonzero(as_tuple=True) if with_act and act is not None else (rows[:0], rows[:0])
+    act_rows, act_next = act_rows[act_next > 0], act_next[act_next > 0]  # a first token has no position before it
+    keep = torch.unique(torch.cat([positions, act_next - 1]))  # sorted
     device = next(model.parameters()).device
     logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                    logits_to_keep=keep.to(device)).logits
     columns = torch.searchsorted(keep, positions).to(device)
     picked = torch.log_softmax(logits[rows.to(device), columns].float(), dim=-1)[:, list(candidates)]
-    return picked, labels[rows, positions].to(device)
+    if not with_act:
+        return picked, labels[rows, positions].to(device)
+    if act_rows.numel() == 0:
+        return picked, labels[rows, positions].to(device), logits.sum() * 0.0
+    before = torch.searchsorted(keep, act_next - 1).to(device)
+    lm = F.cross_entropy(logits[act_rows.to(device), before].float(), act[act_rows, act_next].to(device))
+    return picked, labels[rows, positions].to(device), lm
 
 
 def boundary_loss(logprobs: Any, labels: Any) -> Any:
@@ -166,14 +202,19 @@ def _verdict_trainer_class():
     class VerdictTrainer(Trainer):
         """A Trainer whose loss is `boundary_loss` (mean over the micro-batch's boundaries)."""
 
-        def __init__(self, *args, candidates: tuple[int, int], **kwargs):
+        def __init__(self, *args, candidates: tuple[int, int], act_loss_weight: float = 0.0, **kwargs):
             super().__init__(*args, **kwargs)
             self.candidates = candidates
+            self.act_loss_weight = act_loss_weight
             self.model_accepts_loss_kwargs = False  # the loss is a per-batch mean: the Trainer scales for GA
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            logprobs, labels = boundary_logprobs(model, inputs, self.candidates)
-            loss = boundary_loss(logprobs, labels)
+            if self.act_loss_weight > 0:  # judge, and keep acting as the strong model did
+                logprobs, labels, lm = boundary_logprobs(model, inputs, self.candidates, with_act=True)
+                loss = boundary_loss(logprobs, labels) + self.act_loss_weight * lm
+            else:
+                logprobs, labels = boundary_logprobs(model, inputs, self.candidates)
+                loss = boundary_loss(logprobs, labels)
             return (loss, logprobs) if return_outputs else loss
 
     return VerdictTrainer
@@ -183,19 +224,23 @@ def head_trainer(cfg: VerdictTrainConfig, model: Any = None, tokenizer: Any = No
     """(Trainer, validation boundary dataset or None) for a verdict head."""
     from transformers import TrainingArguments
 
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir(cfg.model, cfg.gguf_file))
+    path = None if model is not None and tokenizer is not None else model_dir(cfg.model, cfg.gguf_file)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path)
+    profile = PromptProfile.load(path)  # the strong model's: the verify prompts are rendered as it is served
     train_rows, validation_rows = load_splits(cfg.dataset, cfg.limit)
-    train = boundary_dataset(tokenizer, train_rows, cfg.max_length)
+    train = boundary_dataset(tokenizer, train_rows, cfg.max_length, profile)
     if len(train) == 0:
         raise ConfigError(f"dataset: no usable verdict rows in {cfg.dataset} (max_length={cfg.max_length})")
-    validation = boundary_dataset(tokenizer, validation_rows, cfg.max_length) if validation_rows is not None else None
+    validation = (boundary_dataset(tokenizer, validation_rows, cfg.max_length, profile)
+                  if validation_rows is not None else None)
     args = TrainingArguments(**{"remove_unused_columns": False, "label_names": ["labels"],
                                 **training_kwargs(cfg.train, cfg.output_dir)})
     trainer = _verdict_trainer_class()(
         model=head_model(cfg, model), args=args, train_dataset=train, candidates=HeadSpec().token_ids(tokenizer),
-        data_collator=BoundaryCollator(tokenizer.pad_token_id),
+        data_collator=BoundaryCollator(tokenizer.pad_token_id), act_loss_weight=cfg.act_loss_weight,
         processing_class=tokenizer, callbacks=[JsonlLog(Path(cfg.output_dir) / "log.jsonl")],
     )
+    trainer.prompt_profile = profile  # saved beside the head (save_verdict)
     return trainer, validation
 
 
@@ -249,6 +294,9 @@ def generative_trainer(cfg: VerdictTrainConfig, model: Any = None, tokenizer: An
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=cfg.dtype)
+    if PromptProfile.load(path) != FULL:
+        raise ConfigError(f"model: {cfg.model} is served with the {PromptProfile.load(path).name!r} prompt profile; "
+                          "a generative verdict is trained on full prompts only (train a head instead)")
     train, validation = load_splits(cfg.dataset, cfg.limit)
     columns = ["prompt", "completion", "tools"]
     # the completion's tokens only (the verdict and its <|im_end|>): completion mask AND assistant mask
@@ -257,6 +305,7 @@ def generative_trainer(cfg: VerdictTrainConfig, model: Any = None, tokenizer: An
     trainer = SFTTrainer(model=model, args=args, train_dataset=train.select_columns(columns),
                          processing_class=tokenizer, peft_config=lora_config(cfg.lora, "CAUSAL_LM"),
                          callbacks=[JsonlLog(Path(cfg.output_dir) / "log.jsonl")])
+    trainer.prompt_profile = FULL
     return trainer, validation
 
 
@@ -309,6 +358,7 @@ def save_verdict(cfg: VerdictTrainConfig, trainer: Any, metrics: dict[str, Any])
     trainer.save_model(str(out / "adapter"))
     if trainer.is_world_process_zero():
         trainer.processing_class.save_pretrained(str(out / "adapter"))
+        trainer.prompt_profile.save(out / "adapter")
         if cfg.kind == "head":
             HeadSpec(threshold=metrics.get("threshold", DEFAULT_THRESHOLD), base_model=cfg.model,
                      calibration_tasks=tuple(metrics.get("calibration_tasks", ())),

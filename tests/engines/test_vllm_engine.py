@@ -161,12 +161,20 @@ def test_prompt_scores_match_transformers_and_a_head_verdict_decodes_nothing(vll
     tokenizer = vllm_engine.tokenizer
     ids = tokenizer(render_prompt(tokenizer, [Message("user", "Is Paris in France? Answer yes or no.")]),
                     add_special_tokens=False)["input_ids"]
-    for adapter in (None, ADAPTER):
-        for position in (len(ids) - 3, len(ids) - 2):  # the prompt's own next token: always reported by vLLM
-            request = ScoreRequest(ids, [position], [ids[position + 1]], adapter)
-            [served], [exact] = vllm_engine.score([request]), reference.score([request])
-            assert served.usage.completion_tokens == 0 and served.usage.prompt_tokens == len(ids)
-            assert served.logprobs[0][0] == pytest.approx(exact.logprobs[0][0], abs=0.3)  # bf16 vs float32
+    for mode in ("prompt_logprobs", "cached_prefixes"):
+        vllm_engine.head_scoring = mode
+        for adapter in (None, ADAPTER):
+            # the template's own next tokens (assistant, newline): in every top-k vLLM reports
+            for position in (len(ids) - 3, len(ids) - 2):
+                request = ScoreRequest(ids, [position], [ids[position + 1]], adapter)
+                [served], [exact] = vllm_engine.score([request]), reference.score([request])
+                read = len(ids) if mode == "prompt_logprobs" else position + 1  # cached: the prompt cut there
+                assert served.usage.completion_tokens == 0 and served.usage.prompt_tokens == read
+                if served.estimated:  # outside the top-k vLLM reports: the k-th log-prob, an upper bound
+                    assert served.logprobs[0][0] >= exact.logprobs[0][0] - 0.3
+                else:
+                    assert served.logprobs[0][0] == pytest.approx(exact.logprobs[0][0], abs=0.3)  # bf16 vs float32
+    vllm_engine.head_scoring = "cached_prefixes"
 
     several = [ScoreRequest(ids, [len(ids) - 3], [ids[-2]], ADAPTER), ScoreRequest(ids[:-1], [len(ids) - 4], [ids[-3]], None),
                ScoreRequest(ids, [len(ids) - 2], [ids[-1]], ADAPTER)]  # LoRA prompt_logprobs, several at once
@@ -181,3 +189,21 @@ def test_prompt_scores_match_transformers_and_a_head_verdict_decodes_nothing(vll
         verdict, usages = HeadVerifier(engine, head, adapter=ADAPTER).verify(context, [], Segment(1, steps, "held"))
         assert [u.completion_tokens for _, u in usages] == [0]
         assert len(verdict.scores) == 1 and 0.0 <= verdict.scores[0] <= 1.0 and verdict.raw.startswith("head")
+
+
+def test_cached_prefix_scoring_leaves_its_prefill_to_the_next_request(vllm_engine):
+    """A head read position by position through the prefix cache: the later cuts find the
+    earlier ones' blocks, and a chat request on the whole prompt (a repair) finds them all."""
+    from specagent.core.interfaces import ChatRequest, ScoreRequest
+
+    tokenizer = vllm_engine.tokenizer
+    chat = [Message("system", "You are a helpful assistant. " * 80), Message("user", "Count to three."),
+            Message("assistant", "One, two."), Message("user", "Go on, and then say where Paris is.")]
+    ids = tokenizer(render_prompt(tokenizer, chat), add_special_tokens=False)["input_ids"]
+    positions = [len(ids) // 2, 3 * len(ids) // 4, len(ids) - 2]
+    [scores] = vllm_engine.score([ScoreRequest(ids, positions, [ids[p + 1] for p in positions], None)])
+    assert scores.usage.prompt_tokens == sum(p + 1 for p in positions)
+    new = scores.usage.prompt_tokens - scores.usage.cached_tokens
+    assert new < 1.5 * len(ids)  # about one prefill of the prompt, not three
+    [repair] = vllm_engine.chat([ChatRequest(chat, max_tokens=4)])
+    assert repair.usage.cached_tokens >= 0.8 * repair.usage.prompt_tokens
