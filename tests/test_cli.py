@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,17 @@ def test_unreachable_openai_server_is_a_clear_error(tmp_path):
     out = specagent("run", "-c", str(config), f"output_dir={tmp_path / 'out'}")
     assert out.returncode == 1
     assert "127.0.0.1:9" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_engine_logs_print_errors_only_unless_verbose(monkeypatch):
+    from specagent.cli import quiet_engines
+
+    for name in ("VLLM_LOGGING_LEVEL", "TRANSFORMERS_VERBOSITY"):
+        monkeypatch.delenv(name, raising=False)
+    quiet_engines(verbose=True)
+    assert "VLLM_LOGGING_LEVEL" not in os.environ
+    quiet_engines(verbose=False)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")  # the user's own choice wins
+    quiet_engines(verbose=False)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"

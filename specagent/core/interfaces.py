@@ -19,12 +19,14 @@ class ModelCost:
     Used for the memory-traffic estimate of DESIGN §3. ``prefill_chunk`` is the number
     of prompt tokens one prefill pass processes (engines prefill long prompts in chunks).
     ``adapter_bytes``: the extra weight bytes a pass through each LoRA adapter reads.
+    ``dtype``: the element type the engine runs the weights in (what the bytes count).
     """
 
     weight_bytes: int
     kv_bytes_per_token: int
     prefill_chunk: int = 8192
     adapter_bytes: Mapping[str, int] = field(default_factory=dict)
+    dtype: str = ""  # the weights' dtype as the engine runs them (e.g. "bfloat16" on vLLM CPU)
 
     def for_adapter(self, adapter: str | None) -> "ModelCost":
         """The cost of a pass through ``adapter`` (None: the base weights)."""

@@ -146,6 +146,20 @@ def finalize(
     return stats
 
 
+ENDED_BY = {
+    "held": "the draft reached a state-changing call and held it for the verifier (DESIGN §1).",
+    "malformed": "a drafted step failed to parse or to match a tool's schema; the draft ends before it.",
+    "max_steps": "the draft reached `protocol.max_draft_steps`.",
+    "unrecorded": "the drafter made a read-only call the log never recorded (replay mode); the draft ends there, "
+                  "and that call counts as a drafted step that is not accepted. A live environment runs it instead.",
+    "context_length": "the context before the cut point, plus the draft so far, no longer fit the drafter's "
+                      "`drafter.max_model_len`: no further step was drafted. Long runs reach it at their last cut "
+                      "points. Raise `drafter.max_model_len`, or shorten every prompt with a compact prompt "
+                      "profile (a tuned drafter carries its own; docs/train.md#prompt-profiles).",
+    "end": "the reference segment reached the end of the strong trajectory.",
+}
+
+
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
@@ -175,9 +189,8 @@ def dataset_card(stats: dict[str, Any]) -> str:
     lines += ["", f"Label balance (all): {a['label_balance']['valid']} valid / {a['label_balance']['invalid']} invalid.", "",
               "## How drafts ended", "", "| ended by | segments |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in a["ended_by"].items()]
-    lines += ["", "`unrecorded`: the drafter made a read-only call the log never recorded (replay mode); the draft ends "
-              "there, and that call counts as a drafted step that is not accepted.",
-              "", "## Acceptance by step position", "", "| position | drafted | accepted | rate |", "|---|---|---|---|"]
+    lines += [""] + [f"- `{k}`: {ENDED_BY[k]}" for k in a["ended_by"] if k in ENDED_BY]
+    lines += ["", "## Acceptance by step position", "", "| position | drafted | accepted | rate |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['drafted']} | {v['accepted']} | {_pct(v['rate'])} |" for k, v in a["by_position"].items()]
     lines += ["", "## Acceptance by tool (or step kind)", "", "| tool | drafted | accepted | rate |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['drafted']} | {v['accepted']} | {_pct(v['rate'])} |" for k, v in a["by_tool"].items()]

@@ -33,6 +33,7 @@ is written atomically, so a failed import leaves no file behind.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -786,7 +787,9 @@ def _settle_tools(parsed: list[_Parsed], override: ToolsOverride | None) -> tupl
         all_names = {t.name for p in parsed for t in p.trajectory.tools}
         unused = sorted((override.read_only | override.write) - all_names)
         if unused:
-            warnings.append(f"{override.path}: names no tool of the import: {', '.join(unused)}")
+            guesses = [name + (f" (did you mean {g[0]!r}?)" if (g := difflib.get_close_matches(name, all_names, n=1))
+                               else "") for name in unused]
+            warnings.append(f"{override.path}: names no tool of the import: {', '.join(guesses)}")
     explicit = {t.name for t in override.tools} if override is not None else set()
     names = [t.name for t in inferred if t.name not in explicit] if used_inferred else []
     return names, warnings

@@ -284,4 +284,5 @@ def model_cost(model: PreTrainedModel) -> ModelCost:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     element = next(model.parameters()).element_size()
     kv_bytes_per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * element  # K and V
-    return ModelCost(weight_bytes=weight_bytes, kv_bytes_per_token=kv_bytes_per_token)
+    return ModelCost(weight_bytes=weight_bytes, kv_bytes_per_token=kv_bytes_per_token,
+                     dtype=str(next(model.parameters()).dtype).removeprefix("torch."))

@@ -336,6 +336,7 @@ def engine_cost(llm: Any, model_dir: str) -> ModelCost:
         weight_bytes=count_parameters(model_dir, config) * weight_element,
         kv_bytes_per_token=2 * config.num_hidden_layers * kv_heads * head_dim * kv_element,
         prefill_chunk=chunk or 8192,
+        dtype=str(model_config.dtype).removeprefix("torch."),
     )
 
 

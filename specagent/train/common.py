@@ -19,6 +19,15 @@ from specagent.core.errors import ConfigError
 from specagent.core.files import check_output_dir
 
 
+def peak_rss_gib() -> float:
+    """The largest resident memory this process (and its finished children) reached, in GiB:
+    what a recipe needs here, recorded in metrics.json."""
+    import resource
+
+    kib = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return round(kib / 2**20, 2)  # Linux reports KiB
+
+
 def set_threads(threads: int | None) -> None:
     """torch's CPU threads: the configured count, else the cores this process may use."""
     import torch

@@ -30,6 +30,7 @@ from specagent.train.common import (
     load_tokenizer,
     lora_config,
     model_dir,
+    peak_rss_gib,
     set_threads,
     training_kwargs,
 )
@@ -119,6 +120,7 @@ def drafter_trainer(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any =
                          peft_config=lora_config(cfg.lora, "CAUSAL_LM") if cfg.lora else None, callbacks=callbacks)
     trainer.prompt_profile = profile  # saved beside the adapter by save_final
     trainer.merge_into_model = cfg.from_layers is not None
+    trainer.base_model_name = cfg.model + (f" (first {cfg.from_layers} decoder layers)" if cfg.from_layers else "")
     for callback in callbacks:
         if hasattr(callback, "bind"):
             callback.bind(trainer)
@@ -183,6 +185,14 @@ def train_drafter(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any = N
     return save_final(trainer, cfg.output_dir, result.metrics)
 
 
+def run_readme(base_model: str, weights: str) -> str:
+    return (f"# specagent training output\n\nTrained by `specagent train drafter` from base model `{base_model}`.\n"
+            f"Weights in `{weights}/`, with the prompt profile they were trained with (`prompt_profile.json`); "
+            "`config.yaml`, `metrics.json`, `log.jsonl` and `versions.json` beside them.\n\n"
+            "Export it for serving, behind a smoke gate, with `specagent export <this dir> -o <export dir>`; the "
+            "export's README is the model card.\n")
+
+
 def save_final(trainer: Any, output_dir: str, metrics: dict[str, Any]) -> dict[str, Any]:
     """The adapter (+ tokenizer with the template) in `output_dir/adapter`, or for a full model
     (full fine-tuning, or a drafter cut from the model's first layers) the checkpoint in
@@ -194,11 +204,13 @@ def save_final(trainer: Any, output_dir: str, metrics: dict[str, Any]) -> dict[s
         trainer.model.merge_and_unload().save_pretrained(str(target))
     else:
         trainer.save_model(str(target))  # peft: adapter weights + adapter_config.json; else the full model
-    metrics = {**metrics, "global_step": trainer.state.global_step,
+    metrics = {**metrics, "global_step": trainer.state.global_step, "peak_rss_gib": peak_rss_gib(),
                "acceptance": [r for r in trainer.state.log_history if "acceptance_rate" in r]}
     if trainer.is_world_process_zero():
         trainer.prompt_profile.save(target)  # how its prompts are rendered: the runtime reads it
         trainer.processing_class.save_pretrained(str(target))
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        for where in (out, target):  # in place of TRL's card, which names a local base model "None"
+            (where / "README.md").write_text(run_readme(getattr(trainer, "base_model_name", "?"), target.name))
         print(f"{target.name}: {target}   metrics: {out / 'metrics.json'}")
     return metrics

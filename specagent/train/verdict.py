@@ -38,6 +38,7 @@ from specagent.train.common import (
     load_tokenizer,
     lora_config,
     model_dir,
+    peak_rss_gib,
     set_threads,
     training_kwargs,
 )
@@ -367,7 +368,7 @@ def save_verdict(cfg: VerdictTrainConfig, trainer: Any, metrics: dict[str, Any])
         else:
             (out / "adapter" / "verdict.json").write_text(json.dumps(
                 {"kind": "generative", "base_model": cfg.model, "gguf_file": cfg.gguf_file}, indent=2))
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        (out / "metrics.json").write_text(json.dumps({**metrics, "peak_rss_gib": peak_rss_gib()}, indent=2))
         print(f"adapter: {out / 'adapter'}   metrics: {out / 'metrics.json'}")
         summary = metrics.get("calibrated") or metrics.get("validation")
         if summary:

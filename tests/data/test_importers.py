@@ -437,3 +437,12 @@ def test_openai_json_list_is_read_too(tmp_path):
     trajectories, report = convert_files([path])
     assert report.files == [(str(path), "openai", 2)]
     assert [t.id for t in trajectories] == ["chat-1", "chats:1"]
+
+
+def test_a_misspelt_tool_in_the_tools_yaml_warns_with_a_guess(airline_path, tmp_path):
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("read_only: [get_user_details, get_reservaton_details]\nwrite: [cancel_reservation]\n")
+    _, report = convert_files([airline_path], "tau", tools, model="gpt-4o")
+    [warning] = [w for w in report.warnings if "names no tool" in w]
+    assert "get_reservaton_details (did you mean 'get_reservation_details'?)" in warning
+    assert "warning: " + warning in report.summary()

@@ -89,6 +89,9 @@ def test_reference_segments_are_valid_verdict_rows_and_never_count_as_drafts(sto
         assert len(row["labels"]) <= DraftSettings().max_draft_steps
     stats = json.loads((tmp_path / "ref" / "stats.json").read_text())
     assert stats["reference_segments"] == len(references) and stats["all"]["accepted_steps"] == 0
+    card = (tmp_path / "ref" / "README.md").read_text()  # every way a draft ended is explained in the card
+    for ended in stats["all"]["ended_by"]:
+        assert f"- `{ended}`: " in card
 
 
 def test_killed_mid_way_rerun_gives_identical_datasets(store_trajectories, tmp_path):

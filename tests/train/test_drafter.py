@@ -53,13 +53,15 @@ def test_training_moves_the_adapter_and_resume_continues_the_step_count(mined, t
                       "train.lr_scheduler=constant")  # resuming with more steps: a decayed schedule would end at 0
     first = train_drafter(cfg, tiny_causal_lm, tokenizer)
     out = tmp_path / "out"
-    assert first["global_step"] == 2
+    assert first["global_step"] == 2 and first["peak_rss_gib"] > 0  # what the recipe needed, in metrics.json
     weights = load_file(str(out / "adapter" / "adapter_model.safetensors"))
     lora_b = [w for k, w in weights.items() if "lora_B" in k]
     assert lora_b and all(torch.count_nonzero(w) > 0 for w in lora_b)  # peft starts B at zero
     assert {p.name for p in out.iterdir()} >= {"checkpoint-1", "checkpoint-2", "adapter", "config.yaml",
                                                "versions.json", "log.jsonl", "metrics.json"}
     assert load_config(DrafterTrainConfig, out / "config.yaml") == cfg
+    for card in (out / "README.md", out / "adapter" / "README.md"):  # ours, naming the base model; not TRL's
+        assert f"base model `{cfg.model}`" in card.read_text() and "None" not in card.read_text()
 
     again = load_config(DrafterTrainConfig, out / "config.yaml", ["train.max_steps=3"])
     second = train_drafter(again, base, tokenizer)

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,8 +57,11 @@ def test_drafter_export_passes_the_gate_with_card_and_merged_checkpoint(tmp_path
     assert smoke["round"] == "draft" and smoke["decoded_tokens"] > 0
     assert smoke["max_logprob_change"] > 1e-3 and smoke["merged_mean_diff"] < 0.05  # both float32 here
     card = (out / "README.md").read_text()
-    for needle in ("base model: `smollm2`", "git SHA", "Smoke gate", "auroc", "Training config", "Data card"):
+    for needle in ("base model: `smollm2`", "git SHA", "Smoke gate", "auroc", "Training config", "Data card",
+                   "Passed on transformers (float32)", "It does not measure quality"):
         assert needle in card
+    assert ("was **malformed**" if smoke["malformed"] else "was well-formed") in card  # the gate's draft, as it was
+    assert smoke["dtype"] == "float32"
     recipe = json.loads((out / "vllm.json").read_text())
     assert "--enable-lora" in recipe["server"] and recipe["max_lora_rank"] == 8
     assert json.loads((out / "export.json").read_text())["kind"] == "drafter"
@@ -112,3 +116,50 @@ def test_cli_export_passes_the_smoke_gate_in_vllm(tmp_path, mined, smollm2_dir, 
     smoke = json.loads((tmp_path / "export" / "export.json").read_text())["smoke"]
     assert smoke["backend"] == "vllm" and smoke["round"] == "draft" and smoke["max_logprob_change"] > 1e-3
     # (a verdict head through vLLM, 0 decoded tokens: tests/engines/test_vllm_engine.py)
+
+
+@pytest.mark.vllm
+@pytest.mark.own_engine
+def test_the_server_command_in_vllm_json_serves_the_adapter_with_tool_calls(tmp_path, mined, smollm2_dir,
+                                                                            smollm2_lora):
+    """vllm.json's `server` argv, as written by the export, starts a vLLM server that serves
+    the adapter by name and returns a parsed tool call (specagent's template, hermes parser)."""
+    import os
+
+    import httpx
+
+    from specagent.engines.vllm_server import free_port, healthy
+    from tests.conftest import WEATHER, need_vllm, weather_chat
+
+    need_vllm()
+    source = run_dir(tmp_path, "train", smollm2_lora, mined / "drafter", smollm2_dir)
+    export(source, tmp_path / "export", smoke=False, max_model_len=2048)
+    recipe = json.loads((tmp_path / "export" / "vllm.json").read_text())
+    argv = [sys.executable, *recipe["server"][1:]]
+    assert "--chat-template" in argv and "--tool-call-parser" in argv and "--max-model-len" in argv
+    port = free_port()
+    argv[argv.index("--port") + 1] = str(port)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}  # a user's own choice on this CPU (vllm.json says so)
+    log = open(tmp_path / "server.log", "wb")
+    server = subprocess.Popen([*argv, "--enforce-eager"], stdout=log, stderr=subprocess.STDOUT, env=env,
+                              start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            if healthy(base) or server.poll() is not None:
+                break
+            time.sleep(1)
+        assert healthy(base), (tmp_path / "server.log").read_text()[-3000:]
+        chat = {"messages": [m.to_openai() for m in weather_chat("Paris")], "tools": [WEATHER.to_openai()],
+                "max_tokens": 48, "temperature": 0}
+        tuned = httpx.post(f"{base}/v1/chat/completions", json={**chat, "model": recipe["lora_name"]}, timeout=120)
+        assert tuned.status_code == 200 and tuned.json()["model"] == recipe["lora_name"]  # the adapter, by name
+        reply = httpx.post(f"{base}/v1/chat/completions", json={**chat, "model": recipe["base_model"]}, timeout=120)
+        message = reply.json()["choices"][0]["message"]
+        calls = message.get("tool_calls") or []
+        assert all(c["function"]["name"] == "get_weather" for c in calls)
+        assert "<tool_call>" not in (message.get("content") or "")  # a call in specagent's format comes back parsed
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+        log.close()
