@@ -124,7 +124,7 @@ def drafter_trainer(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any =
     for callback in callbacks:
         if hasattr(callback, "bind"):
             callback.bind(trainer)
-    report_truncation(trainer, len(train), cfg.max_length)
+    trainer.truncation = report_truncation(trainer, train, cfg.max_length)
     return trainer
 
 
@@ -155,18 +155,30 @@ def first_layers(model: Any, k: int) -> Any:
     return model
 
 
-def report_truncation(trainer: Any, rows: int, max_length: int | None) -> None:
-    """Say how many rows max_length cut or dropped: a silent cut trains on far less than expected."""
+def report_truncation(trainer: Any, rows: Any, max_length: int | None) -> dict[str, Any] | None:
+    """Say what max_length removed: rows cut, rows dropped (TRL drops a row whose every target
+    token was cut away: it is never trained on), and the share of target (assistant) tokens
+    lost. A silent cut trains on far less than expected. Recorded in metrics.json."""
     if max_length is None:
-        return
+        return None
     kept = len(trainer.train_dataset)
     if kept == 0:
         raise ConfigError(f"max_length={max_length}: every training row was cut before its first assistant "
-                          "turn (the system prompt and tools alone are longer); raise max_length")
+                          "turn (the system prompt and tools alone are longer); raise max_length, or use a "
+                          "shorter prompt profile (prompt_profile: compact | bare)")
     cut = sum(len(ids) >= max_length for ids in trainer.train_dataset["input_ids"])
-    if cut or kept < rows:
-        print(f"drafter: {cut} of {rows} training rows cut at max_length={max_length}; {rows - kept} dropped "
-              "(no assistant token left). Raise max_length to train on later turns.")
+    report = {"max_length": max_length, "rows": len(rows), "rows_cut": cut, "rows_dropped": len(rows) - kept}
+    if cut or kept < len(rows):
+        trained = sum(sum(t != -100 for t in labels) for labels in trainer.train_dataset["labels"])
+        total = sum(sum(trainer.processing_class.apply_chat_template(
+            row["messages"], tools=row["tools"] or None, tokenize=True, return_dict=True,
+            return_assistant_tokens_mask=True)["assistant_masks"]) for row in rows)
+        report.update(target_tokens=total, target_tokens_cut=total - trained)
+        print(f"drafter: max_length={max_length} cuts {cut} of {len(rows)} training rows and drops "
+              f"{len(rows) - kept} (no target token left: not trained on); {total - trained} of {total} target "
+              f"tokens ({100 * (total - trained) / max(total, 1):.0f}%) are cut away. Raise max_length, or use a "
+              "shorter prompt profile, to train on later turns.")
+    return report
 
 
 def train_drafter(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
@@ -205,6 +217,7 @@ def save_final(trainer: Any, output_dir: str, metrics: dict[str, Any]) -> dict[s
     else:
         trainer.save_model(str(target))  # peft: adapter weights + adapter_config.json; else the full model
     metrics = {**metrics, "global_step": trainer.state.global_step, "peak_rss_gib": peak_rss_gib(),
+               "truncation": getattr(trainer, "truncation", None),
                "acceptance": [r for r in trainer.state.log_history if "acceptance_rate" in r]}
     if trainer.is_world_process_zero():
         trainer.prompt_profile.save(target)  # how its prompts are rendered: the runtime reads it

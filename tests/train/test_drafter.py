@@ -99,6 +99,14 @@ def test_rows_cut_by_max_length_are_reported(mined, tokenizer, tiny_causal_lm, t
 
     trainer = drafter_trainer(drafter_cfg(mined, tmp_path, "max_length=1500"), tiny_causal_lm, tokenizer)
     assert max(len(ids) for ids in trainer.train_dataset["input_ids"]) == 1500
-    assert "training rows cut at max_length=1500" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "max_length=1500 cuts" in printed and "target tokens" in printed
+    report = trainer.truncation
+    assert report["rows_cut"] > 0 and 0 < report["target_tokens_cut"] < report["target_tokens"]
+    trained = sum(sum(t != -100 for t in labels) for labels in trainer.train_dataset["labels"])
+    assert trained == report["target_tokens"] - report["target_tokens_cut"]
+    uncut = drafter_trainer(drafter_cfg(mined, tmp_path / "uncut", "max_length=8192"), tiny_causal_lm, tokenizer)
+    assert uncut.truncation["rows_cut"] == 0 and "target_tokens" not in uncut.truncation
+    assert report["target_tokens"] == sum(sum(t != -100 for t in labels) for labels in uncut.train_dataset["labels"])
     with pytest.raises(ConfigError, match="raise max_length"):
         drafter_trainer(drafter_cfg(mined, tmp_path, "max_length=600"), tiny_causal_lm, tokenizer)
