@@ -176,13 +176,16 @@ class EnvConfig(Strict):
 
 
 class VerifierConfig(Strict):
-    """How the strong model judges a drafted segment: a decoded verdict or a trained head.
+    """How the strong model judges a drafted segment: a decoded verdict, a trained head, or
+    its own token probabilities (`likelihood`: no training; engines/verdict_likelihood.py).
     `scripted` (tests only) approves the drafted steps the environment's expert would take."""
 
-    kind: Literal["generative", "head", "scripted"] = "generative"
+    kind: Literal["generative", "head", "likelihood", "scripted"] = "generative"
     adapter: Optional[str] = None  # generative: a verdict adapter name on the strong engine
     head: Optional[str] = None  # head: a `specagent export` dir of a verdict head
-    threshold: Optional[float] = Field(None, gt=0.0, lt=1.0)  # head: None = the calibrated one
+    # head: P(valid) a step needs (None: the calibrated one); likelihood: the least probability
+    # a token that is not the strong model's greedy choice may have (None: 1.0, greedy steps only)
+    threshold: Optional[float] = Field(None, gt=0.0, le=1.0)
     max_tokens: int = Field(8, gt=0)
     # head: the strong model already holds the head (`specagent export --merge` of it): the base
     # weights read the boundaries and act, so the repair finds the verdict's prefill in the cache
@@ -272,10 +275,11 @@ class ArmConfig(Strict):
         if self.verifier and self.mode != "specagent":
             raise ValueError(f"arm {self.name!r}: only mode 'specagent' uses a verifier")
         if self.threshold_sweep is not None:
-            if self.verifier is None or self.verifier.kind != "head":
-                raise ValueError(f"arm {self.name!r}: threshold_sweep needs a head verifier (verifier.kind: head)")
-            if not all(0.0 < t < 1.0 for t in self.threshold_sweep):
-                raise ValueError(f"arm {self.name!r}: every threshold_sweep value must lie in (0, 1)")
+            if self.verifier is None or self.verifier.kind not in ("head", "likelihood"):
+                raise ValueError(f"arm {self.name!r}: threshold_sweep needs a head or likelihood verifier "
+                                 "(verifier.kind: head | likelihood)")
+            if not all(0.0 < t <= 1.0 for t in self.threshold_sweep):
+                raise ValueError(f"arm {self.name!r}: every threshold_sweep value must lie in (0, 1]")
             if len(set(self.threshold_sweep)) < len(self.threshold_sweep):
                 raise ValueError(f"arm {self.name!r}: threshold_sweep repeats a value")
         return self

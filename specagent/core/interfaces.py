@@ -62,12 +62,18 @@ class Completion:
 @dataclass(frozen=True)
 class ScoreRequest:
     """Read the next-token log-probabilities of ``candidates`` at ``positions`` of a prompt
-    given as token ids, in one prefill (a verdict head: no token is decoded)."""
+    given as token ids, in one prefill (a verdict head: no token is decoded).
+
+    ``own``: instead of fixed candidates, the prompt's own next token at each position
+    (``token_ids[position + 1]``): how likely the model finds a text it did not write (a
+    likelihood verdict). Each position's list is then ``[logprob, is_top]``, ``is_top`` 1.0
+    when that token is the model's most likely one there (its greedy choice), else 0.0."""
 
     token_ids: Sequence[int]
     positions: Sequence[int]
-    candidates: Sequence[int]
+    candidates: Sequence[int] = ()
     adapter: str | None = None
+    own: bool = False
 
 
 @dataclass(frozen=True)

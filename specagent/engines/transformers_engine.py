@@ -156,6 +156,8 @@ class TransformersEngine:
         """Candidate log-probabilities at chosen positions: one prefill per request, nothing decoded."""
         for request in requests:
             self._ensure_adapter(request.adapter)
+            if request.own and any(p + 1 >= len(request.token_ids) for p in request.positions):
+                raise EngineError("score: an `own` position must be followed by a prompt token")
             if len(request.token_ids) > self.max_model_len:
                 raise ContextLengthExceeded(f"{self.model_name}: scoring a prompt of {len(request.token_ids)} "
                                             f"tokens > max_model_len {self.max_model_len}")
@@ -181,6 +183,11 @@ class TransformersEngine:
         ids = torch.tensor([list(request.token_ids)], dtype=torch.long)
         keep = torch.tensor(list(request.positions), dtype=torch.long)  # logits at these positions only
         logits = self.model(input_ids=ids, logits_to_keep=keep).logits[0].float()
+        if request.own:  # the prompt's own next token at each position, and whether it is the top one
+            targets = torch.tensor([request.token_ids[p + 1] for p in request.positions], dtype=torch.long)
+            own = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
+            top = logits.argmax(dim=-1) == targets
+            return [[lp, float(t)] for lp, t in zip(own.tolist(), top.tolist())]
         logprobs = torch.log_softmax(logits, dim=-1)[:, list(request.candidates)]
         return logprobs.tolist()
 

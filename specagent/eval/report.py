@@ -88,6 +88,10 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
 
 
 def _verifier_text(verifier: dict[str, Any]) -> str:
+    if verifier["kind"] == "likelihood":
+        threshold = verifier.get("threshold")
+        return ("likelihood verdict (the strong model's own token probabilities): "
+                + ("greedy steps only" if threshold in (None, 1.0) else f"non-greedy tokens need p >= {threshold}"))
     if verifier["kind"] == "head":
         threshold = verifier.get("threshold")
         return f"verdict head `{verifier['head']}` at threshold {'calibrated' if threshold is None else threshold}"

@@ -26,6 +26,7 @@ from specagent.engines.batching import batching_engines
 from specagent.engines.models import find_adapter
 from specagent.engines.scripted import ScriptedVerifier
 from specagent.engines.verdict_head import HeadSpec, HeadVerifier, head_adapter_dir
+from specagent.engines.verdict_likelihood import LikelihoodVerifier
 from specagent.runtime.episodes import read_episodes
 from specagent.runtime.provenance import write_run_info
 
@@ -202,6 +203,10 @@ def plan_models(cfg: RuntimeSpec, modes: tuple[str, ...]) -> ModelPlan:
                               f"({' or '.join(SCORING_BACKENDS)}), not {cfg.strong.backend!r}")
         if not cfg.verifier.merged:  # else the strong model's own weights are the head
             configs["strong"] = with_adapter(configs["strong"], HEAD_ADAPTER, str(head))
+    elif wants_verifier and cfg.verifier.kind == "likelihood":
+        if cfg.strong.backend not in SCORING_BACKENDS:
+            raise ConfigError(f"verifier kind 'likelihood' needs a strong engine that scores prompt positions "
+                              f"({' or '.join(SCORING_BACKENDS)}), not {cfg.strong.backend!r}")
     elif wants_verifier:
         configs["strong"], verdict_adapter = resolve_adapter(configs["strong"], verdict_adapter, VERDICT_ADAPTER,
                                                              "verifier.adapter")
@@ -239,6 +244,11 @@ def build_verifier(cfg: RuntimeSpec, plan: ModelPlan, strong: Any, env: Environm
                                   f"(transformers or vllm), not {cfg.strong.backend!r}")
             return HeadVerifier(strong, plan.head, cfg.verifier.threshold, adapter=HEAD_ADAPTER,
                                 merged=cfg.verifier.merged)
+        case "likelihood":
+            if not isinstance(strong, TokenScorer):
+                raise ConfigError(f"verifier kind 'likelihood' needs a strong engine that scores prompt positions "
+                                  f"(transformers or vllm), not {cfg.strong.backend!r}")
+            return LikelihoodVerifier(strong, cfg.verifier.threshold)
         case "scripted":
             return expert_verifier(env)
     return GenerativeVerifier(strong, adapter=plan.verdict_adapter, max_tokens=cfg.verifier.max_tokens)

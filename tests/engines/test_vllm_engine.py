@@ -207,3 +207,30 @@ def test_cached_prefix_scoring_leaves_its_prefill_to_the_next_request(vllm_engin
     assert new < 1.5 * len(ids)  # about one prefill of the prompt, not three
     [repair] = vllm_engine.chat([ChatRequest(chat, max_tokens=4)])
     assert repair.usage.cached_tokens >= 0.8 * repair.usage.prompt_tokens
+
+
+def test_own_token_scores_match_transformers_and_a_likelihood_verdict_decodes_nothing(vllm_engine, smollm2_dir):
+    """`ScoreRequest(own=True)`: the prompt's own next token at each position and whether it
+    is the top one, from prompt_logprobs (vLLM always reports the actual token and its rank)."""
+    from specagent.core.interfaces import ScoreRequest
+    from specagent.core.types import DraftedStep, Segment, StepKind
+    from specagent.engines.transformers_engine import TransformersEngine
+    from specagent.engines.verdict_likelihood import LikelihoodVerifier
+
+    reference = TransformersEngine(smollm2_dir, max_model_len=4096, threads=1)
+    tokenizer = vllm_engine.tokenizer
+    ids = tokenizer(render_prompt(tokenizer, weather_chat("Paris"), [WEATHER]), add_special_tokens=False)["input_ids"]
+    positions = list(range(len(ids) - 40, len(ids) - 1))
+    [served], [exact] = (e.score([ScoreRequest(ids, positions, own=True)]) for e in (vllm_engine, reference))
+    assert served.usage.completion_tokens == 0 and len(served.logprobs) == len(positions)
+    assert max(abs(a[0] - b[0]) for a, b in zip(served.logprobs, exact.logprobs)) < 0.3  # bf16 vs float32
+    agree = sum(a[1] == b[1] for a, b in zip(served.logprobs, exact.logprobs))
+    assert agree >= len(positions) - 2  # near-ties may flip between kernels
+
+    steps = (DraftedStep(Message("assistant", "It is sunny in Paris."), StepKind.REPLY),)
+    context = weather_chat("Paris")
+    for engine in (vllm_engine, reference):
+        verdict, usages = LikelihoodVerifier(engine, threshold=0.01).verify(context, [WEATHER],
+                                                                             Segment(len(context), steps, "held"))
+        assert [u.completion_tokens for _, u in usages] == [0] and len(verdict.scores) == 1
+        assert 0.0 < verdict.scores[0] <= 1.0 and verdict.raw.startswith("likelihood")

@@ -1,0 +1,98 @@
+"""A likelihood verdict: the strong model's own probability of each drafted step.
+
+The drafted steps are rendered as the strong model's own turns (the verify prompt of
+`core/verify.py` without its review request), and one prefill reads, at every token of
+every drafted assistant turn, the strong model's log-probability of that token and
+whether it is its most likely one there. A step scores
+
+    1.0                       when every token is the strong model's greedy choice,
+    min p(token) otherwise    (over the tokens that are not),
+
+and the verdict is the longest prefix whose steps all score at or above the threshold.
+At the default threshold 1.0 a step is accepted only if greedy decoding by the strong
+model would have written it token for token: the committed trajectory is the one the
+strong model alone would write (up to the engine's numerics), and what the drafter
+saves is exactly the decoding of the accepted steps. A threshold below 1 also accepts
+steps the strong model finds likely enough without being its first choice; that trades
+fidelity for acceptance (a sweep shows the curve). Nothing is decoded and nothing is
+trained: any engine that scores prompt positions (transformers; vLLM through
+`prompt_logprobs`) serves it, with the strong model's own prompt profile.
+
+This is the token-level acceptance rule of speculative decoding lifted to whole tool-
+using steps; a trained verdict head (`verdict_head.py`) is the semantic one, which may
+accept a step worded differently from the strong model's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from specagent.core.interfaces import ScoreRequest, TokenScorer
+from specagent.core.types import DraftedStep, Message, Segment, ToolSpec, Usage, Verdict
+from specagent.core.verify import render_steps
+from specagent.engines.render import FULL, PromptProfile, render_prompt
+from specagent.engines.verdict_head import accepted_prefix, step_message_indices
+
+GREEDY = 1.0  # the default threshold: only the strong model's greedy steps
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def step_token_spans(tokenizer: Any, messages: Sequence[Message], tools: Sequence[ToolSpec],
+                     step_indices: Sequence[int], boundary: str = "<|im_end|>",
+                     profile: PromptProfile = FULL) -> tuple[list[int], list[tuple[int, int]]]:
+    """(token ids of `messages`, per step the [first, last] token positions of its assistant
+    turn: from the first token after the assistant header to the boundary that closes it)."""
+    ids = _ids(tokenizer, render_prompt(tokenizer, messages, tools, add_generation_prompt=False, profile=profile))
+    end_id = tokenizer.convert_tokens_to_ids(boundary)
+    spans = []
+    for index in step_indices:
+        header = _ids(tokenizer, render_prompt(tokenizer, messages[:index], tools, profile=profile))
+        first = next((i for i, (a, b) in enumerate(zip(header, ids)) if a != b), len(header))  # tokens may merge
+        closed = len(_ids(tokenizer, render_prompt(tokenizer, messages[: index + 1], tools,
+                                                   add_generation_prompt=False, profile=profile)))
+        last = max(i for i in range(min(closed, len(ids))) if ids[i] == end_id)
+        spans.append((max(first, 1), last))
+    return ids, spans
+
+
+def step_scores(entries: Sequence[Sequence[float]], spans: Sequence[tuple[int, int]]) -> list[float]:
+    """Per step: 1.0 if every token is the top one, else the least probability among those that are not."""
+    scores, i = [], 0
+    for first, last in spans:
+        own = entries[i: i + last - first + 1]
+        i += last - first + 1
+        off = [math.exp(logprob) for logprob, is_top in own if not is_top]
+        scores.append(min(off) if off else 1.0)
+    return scores
+
+
+class LikelihoodVerifier:
+    """Verdicts from the strong model's own token probabilities: one prefill, zero decoded tokens."""
+
+    def __init__(self, engine: TokenScorer, threshold: float | None = None, adapter: str | None = None) -> None:
+        self.engine = engine
+        self.threshold = GREEDY if threshold is None else threshold
+        self.adapter = adapter
+
+    def scores(self, context: Sequence[Message], tools: Sequence[ToolSpec],
+               steps: Sequence[DraftedStep]) -> tuple[list[float], Usage]:
+        messages = [*context, *render_steps(steps)]
+        ids, spans = step_token_spans(self.engine.tokenizer, messages, tools,
+                                      step_message_indices(len(context), steps),
+                                      profile=self.engine.profile_for(self.adapter))
+        positions = [t - 1 for first, last in spans for t in range(first, last + 1)]  # read before each token
+        scored = self.engine.score([ScoreRequest(ids, positions, adapter=self.adapter, own=True)])[0]
+        return step_scores(scored.logprobs, spans), scored.usage
+
+    def verify(self, context: Sequence[Message], tools: Sequence[ToolSpec], segment: Segment
+               ) -> tuple[Verdict, list[tuple[str, Usage]]]:
+        steps = segment.verifiable
+        if not steps:
+            return Verdict(accepted=0, raw="(nothing to verify)"), []
+        scores, usage = self.scores(context, tools, steps)
+        raw = "likelihood " + " ".join(f"{s:.3f}" for s in scores)
+        return Verdict(accepted=accepted_prefix(scores, self.threshold), raw=raw, scores=tuple(scores)), [("strong", usage)]

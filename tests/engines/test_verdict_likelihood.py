@@ -1,0 +1,111 @@
+"""The likelihood verdict: the strong model's own token probabilities of each drafted step.
+
+Its promise: at the default threshold a step is accepted exactly when greedy decoding by the
+strong model would have written it, so the committed run is the strong model's own."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specagent.config import ArmConfig, RuntimeSpec, VerifierConfig
+from specagent.core.errors import ConfigError
+from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall
+from specagent.engines.verdict_likelihood import LikelihoodVerifier, step_scores, step_token_spans
+from tests.conftest import WEATHER, weather_chat
+
+
+def test_a_step_scores_one_when_greedy_else_its_least_likely_off_greedy_token():
+    entries = [[-0.1, 1.0], [-2.0, 1.0], [math.log(0.3), 0.0], [math.log(0.6), 0.0], [-0.5, 1.0]]
+    assert step_scores(entries, [(10, 11), (12, 13), (14, 14)]) == pytest.approx([1.0, 0.3, 1.0])
+
+
+def test_thresholds_and_backends_are_checked_where_they_are_configured():
+    assert VerifierConfig(kind="likelihood", threshold=1.0).threshold == 1.0  # greedy steps only
+    ArmConfig(name="sweep", mode="specagent", verifier=VerifierConfig(kind="likelihood"), threshold_sweep=[1.0, 0.5])
+    with pytest.raises(ValueError, match="threshold_sweep needs a head or likelihood"):
+        ArmConfig(name="sweep", mode="specagent", threshold_sweep=[0.5])
+    from specagent.runtime.assembly import plan_models
+
+    spec = RuntimeSpec.model_validate({"env": {"name": "store"}, "strong": {"backend": "openai", "model": "s",
+                                                                          "base_url": "http://127.0.0.1:9/v1"},
+                                       "verifier": {"kind": "likelihood"}})
+    with pytest.raises(ConfigError, match="likelihood' needs a strong engine that scores"):
+        plan_models(spec, ("specagent",))
+
+
+@pytest.fixture(scope="module")
+def smollm2_engine(smollm2_dir):
+    from specagent.engines.transformers_engine import TransformersEngine
+
+    return TransformersEngine(smollm2_dir, max_model_len=4096, threads=1)
+
+
+def greedy_step(engine, context, kind=None, observation=None):
+    from specagent.core.interfaces import ChatRequest
+
+    done = engine.chat([ChatRequest(context, [WEATHER], max_tokens=64)])[0]
+    if done.finish_reason != "stop" or done.malformed:
+        pytest.skip(f"greedy SmolLM2 did not close its turn here ({done.finish_reason}, {done.malformed})")
+    message = done.message
+    if message.tool_calls:
+        obs = tuple(Message("tool", observation, tool_call_id=c.id, name=c.name) for c in message.tool_calls)
+        return DraftedStep(message, StepKind.READ, obs)
+    return DraftedStep(message, StepKind.REPLY)
+
+
+def test_spans_are_exactly_the_drafted_turns(smollm2_engine):
+    tokenizer = smollm2_engine.tokenizer
+    call = Message("assistant", None, tool_calls=(ToolCall("c1", "get_weather", {"city": "Paris"}),))
+    steps = [DraftedStep(call, StepKind.READ, (Message("tool", "Paris: 20C", tool_call_id="c1", name="get_weather"),)),
+             DraftedStep(Message("assistant", "It is 20C in Paris."), StepKind.REPLY)]
+    context = weather_chat("Paris")
+    messages = [*context, steps[0].message, *steps[0].observations, steps[1].message]
+    ids, spans = step_token_spans(tokenizer, messages, [WEATHER], [len(context), len(context) + 2])
+    first, second = (tokenizer.decode(ids[a: b + 1]) for a, b in spans)
+    assert first.startswith("<tool_call>") and '"Paris"' in first and first.endswith("</tool_call><|im_end|>")
+    assert second == "It is 20C in Paris.<|im_end|>"
+
+
+def test_the_strong_models_own_greedy_steps_are_accepted_and_a_changed_one_is_not(smollm2_engine):
+    """Two steps greedy SmolLM2 writes itself (a call, then its reply) are both accepted at the
+    default threshold, scored as an independent full forward pass scores them; the same call
+    with another city is rejected, and a repair follows from the first step."""
+    import torch
+
+    context = weather_chat("Paris")
+    call = greedy_step(smollm2_engine, context, observation="Paris: 20C, clear")
+    reply = greedy_step(smollm2_engine, [*context, call.message, *call.observations])
+    verifier = LikelihoodVerifier(smollm2_engine)
+    verdict, usages = verifier.verify(context, [WEATHER], Segment(len(context), (call, reply), "held"))
+    assert verdict.accepted == 2 and verdict.scores == (1.0, 1.0) and verdict.raw.startswith("likelihood")
+    assert [u.completion_tokens for _, u in usages] == [0]
+
+    changed = [c.__class__(c.id, c.name, {**c.arguments, "city": "Lyon"}) for c in call.message.tool_calls]
+    wrong = DraftedStep(Message("assistant", None, tool_calls=tuple(changed)), StepKind.READ, call.observations)
+    verdict, _ = verifier.verify(context, [WEATHER], Segment(len(context), (wrong, reply), "held"))
+    assert verdict.accepted == 0 and verdict.scores[0] < 1.0
+
+    # the same scores from a plain forward pass over the whole rendered prompt
+    messages = [*context, wrong.message, *wrong.observations, reply.message]
+    ids, spans = step_token_spans(smollm2_engine.tokenizer, messages, [WEATHER], [len(context), len(context) + 2])
+    with torch.inference_mode():
+        logprobs = torch.log_softmax(smollm2_engine.model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
+    expected = []
+    for a, b in spans:
+        off = [math.exp(logprobs[t - 1, ids[t]]) for t in range(a, b + 1) if int(logprobs[t - 1].argmax()) != ids[t]]
+        expected.append(min(off) if off else 1.0)
+    assert list(verdict.scores) == pytest.approx(expected, abs=1e-4)
+    lenient = LikelihoodVerifier(smollm2_engine, threshold=min(expected[0], 0.999) * 0.99)
+    assert lenient.verify(context, [WEATHER], Segment(len(context), (wrong, reply), "held"))[0].accepted >= 1
+
+
+def test_the_runtime_builds_it_from_the_config(smollm2_engine):
+    from specagent.envs.store import StoreEnv
+    from specagent.runtime.assembly import build_verifier, plan_models
+
+    spec = RuntimeSpec.model_validate({"env": {"name": "store"}, "strong": {"backend": "transformers"},
+                                       "verifier": {"kind": "likelihood", "threshold": 0.5}})
+    verifier = build_verifier(spec, plan_models(spec, ("specagent",)), smollm2_engine, StoreEnv())
+    assert isinstance(verifier, LikelihoodVerifier) and verifier.threshold == 0.5
