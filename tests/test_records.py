@@ -85,3 +85,16 @@ def test_a_verdict_row_gives_its_prompt_and_tools():
     assert row.chat() == [Message("user", "hi")] and row.tool_specs()[0].name == "get"
     with pytest.raises(TaskFileError, match="verdict row: not a valid VerdictRow: labels"):
         VerdictRow.parse({**row.dump(), "labels": "1"}, "verdict row")
+
+
+def test_an_atomically_written_file_gets_the_usual_permissions(tmp_path):
+    import os
+
+    from specagent.records.trajectories import atomic_write_text
+
+    umask = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "out.jsonl", "{}\n")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "out.jsonl").stat().st_mode & 0o777 == 0o644  # not mkstemp's private 0o600

@@ -37,6 +37,9 @@ def atomic_write_text(path: str | Path, text: str) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; the file is a plain output
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
