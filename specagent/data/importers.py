@@ -89,6 +89,7 @@ class ImportReport:
     inferred: list[str]  # tools whose schema was inferred from the calls
     skipped: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    rewards: dict[str, int] = field(default_factory=dict)  # reward -> runs ("unknown": none recorded)
 
     def summary(self) -> str:
         lines = [
@@ -96,6 +97,9 @@ class ImportReport:
             f" from {len(self.files)} file(s) -> {self.out}"
         ]
         lines += [f"  {path}: {fmt}, {count} trajectories" for path, fmt, count in self.files]
+        if self.rewards:
+            lines.append("rewards: " + ", ".join(f"{k}: {v}" for k, v in self.rewards.items())
+                         + " (train drafter keeps reward >= min_reward, 1.0 by default, and unknown ones)")
         flags = {True: "read-only", False: "write", None: "unclassified: treated as write"}
         lines.append(f"tools ({len(self.tools)}):")
         lines += [
@@ -194,8 +198,15 @@ def convert_files(
         inferred=inferred,
         skipped=skipped,
         warnings=warnings,
+        rewards=reward_counts(trajectories),
     )
     return trajectories, report
+
+
+def reward_counts(trajectories: Sequence[Trajectory]) -> dict[str, int]:
+    """How many runs have each reward, highest first; runs with none as `unknown`."""
+    counts = Counter("unknown" if t.reward is None else f"{t.reward:g}" for t in trajectories)
+    return dict(sorted(counts.items(), key=lambda kv: (kv[0] == "unknown", -float(kv[0]) if kv[0] != "unknown" else 0)))
 
 
 # ---------------------------------------------------------------- files and format sniffing

@@ -124,6 +124,13 @@ def test_tau_import_writes_what_it_converted(airline_path, tmp_path):
     out = tmp_path / "deep" / "trajectories.jsonl"
     report = import_trajectories([airline_path], "tau", out, AIRLINE_YAML, source="airline", model="gpt-4o")
     assert report.out == str(out) and "imported 100 trajectories" in report.summary()
+    assert sum(report.rewards.values()) == 100 and list(report.rewards)[0] == "1"  # highest first
+    by_hand = {}
+    for t in read_trajectories(out):
+        key = "unknown" if t.reward is None else f"{t.reward:g}"
+        by_hand[key] = by_hand.get(key, 0) + 1
+    assert report.rewards == by_hand
+    assert "rewards: 1: " in report.summary()
     back = read_trajectories(out)
     again, _ = convert_files([airline_path], "tau", AIRLINE_YAML, source="airline", model="gpt-4o")
     assert back == again
