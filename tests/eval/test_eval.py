@@ -201,9 +201,9 @@ def test_adapters_of_all_arms_go_on_the_shared_engines(tmp_path):
 
 @pytest.mark.parametrize("arms, problem", [
     ([{"name": "x", "mode": "weak"}, {"name": "x", "mode": "strong"}], "repeated: x"),
-    ([{"name": "x", "mode": "specagent", "threshold_sweep": [0.5]}], "needs a head verifier"),
+    ([{"name": "x", "mode": "specagent", "threshold_sweep": [0.5]}], "needs a head or likelihood verifier"),
     ([{"name": "x", "mode": "specagent", "verifier": {"kind": "head", "head": "h"}, "threshold_sweep": [0.5, 1.5]}],
-     "in (0, 1)"),
+     "in (0, 1]"),
     ([{"name": "x@1", "mode": "weak"}], "reserved"),
     ([{"name": "x", "mode": "strong", "drafter_adapter": "d"}], "has no drafter"),
 ])
