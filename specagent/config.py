@@ -257,6 +257,22 @@ class ServeConfig(RuntimeSpec):
         return self
 
 
+class ExecutorConfig(Strict):
+    """Where a stage's work items run (`collect` and `eval`: episodes; `mine`: groups of
+    trajectories): in this process, or on a pool of Ray actors (`pip install 'specagent[ray]'`),
+    each building its own engines and environment. The driver writes every result, through
+    the same resumable files, so the choice never changes the output."""
+
+    kind: Literal["local", "ray"] = "local"
+    # ray.init(address=...): None starts a local cluster on this machine, "auto" joins the one
+    # `ray start` runs here, ray://HOST:10001 a remote head through Ray Client
+    address: Optional[str] = None
+    actors: int = Field(2, gt=0)  # workers, each with its own engines (e.g. one per GPU)
+    num_cpus: float = Field(1.0, ge=0)  # Ray resources each actor asks for
+    num_gpus: float = Field(0.0, ge=0)
+    max_retries: int = Field(3, ge=0)  # times one item is resubmitted after the actor running it died
+
+
 class ArmConfig(Strict):
     """One arm of an eval: a protocol mode and what the models carry in it."""
 
@@ -302,6 +318,7 @@ class EvalConfig(Strict):
     concurrency: int = Field(1, gt=0)  # episodes of an arm run side by side; their calls batch in the engines
     output_dir: str = "runs/eval"
     resume: bool = True
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)  # local, or Ray actors (--ray)
 
     @model_validator(mode="after")
     def _unique_arm_names(self) -> "EvalConfig":
@@ -340,6 +357,7 @@ class MineConfig(Strict):
     # also add the strong model's own next steps at each cut as valid segments (verdict data only)
     reference_segments: bool = False
     batch_trajectories: int = Field(1, gt=0)  # trajectories drafted together (bigger engine batches)
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)  # local, or Ray actors (--ray)
 
     @field_validator("validation_tasks", mode="before")
     @classmethod
@@ -396,6 +414,7 @@ class CollectConfig(Strict):
     concurrency: int = Field(1, gt=0)  # episodes side by side, one thread each; their calls batch in the engine
     output: str = "runs/collect/trajectories.jsonl"
     min_reward: Optional[float] = None  # keep only runs at or above this reward
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)  # local, or Ray actors (--ray)
 
 
 # --------------------------------------------------------------------- commands with flags, not YAML
@@ -545,10 +564,10 @@ def _engines(*roles: str) -> tuple[str, ...]:
 RESUME_NEUTRAL_KEYS: dict[str, tuple[str, ...]] = {
     "RunConfig": ("resume", "transcript", "concurrency", "output_dir", *_TASK_SELECTION,
                   *_engines("strong", "weak", "env.airline.user_model")),
-    "EvalConfig": ("resume", "concurrency", "output_dir", *_TASK_SELECTION,
+    "EvalConfig": ("resume", "concurrency", "output_dir", "executor", *_TASK_SELECTION,
                    *_engines("strong", "weak", "env.airline.user_model")),
-    "CollectConfig": ("output", "min_reward", "concurrency", *_TASK_SELECTION, *_engines("strong", "env.airline.user_model")),
-    "MineConfig": ("output_dir", "limit", "stride", "batch_trajectories", "validation_fraction",
+    "CollectConfig": ("output", "min_reward", "concurrency", "executor", *_TASK_SELECTION, *_engines("strong", "env.airline.user_model")),
+    "MineConfig": ("output_dir", "limit", "stride", "batch_trajectories", "executor", "validation_fraction",
                    "validation_tasks", *_engines("drafter", "strong")),
     "DrafterTrainConfig": (*_TRAIN_NEUTRAL, "acceptance"),
     "VerdictTrainConfig": (*_TRAIN_NEUTRAL, "eval_limit", "eval_max_tokens"),
