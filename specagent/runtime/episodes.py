@@ -13,8 +13,9 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TextIO
 
 from tqdm import tqdm
 
@@ -48,6 +49,50 @@ def read_episodes(path: str | Path) -> list[dict[str, Any]]:
     except TaskFileError as err:
         raise TaskFileError(f"{err}; the file is corrupt: delete that line (its episode reruns) or the file "
                             "(every episode reruns)") from None
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    """One episode to run: a task in a mode, its trial, and the eval arm it belongs to."""
+
+    task: str
+    mode: str
+    trial: int
+    arm: str | None = None  # None outside an eval: the arm is the mode
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """The resume key of its record (`episode_key`)."""
+        return (str(self.task), self.arm or self.mode, self.trial)
+
+
+def play_episode(env: Environment, job: EpisodeJob, models: Models, protocol: ProtocolConfig,
+                 model_names: dict[str, str]) -> tuple[Episode, dict[str, Any]]:
+    """One episode and its record: the unit of work of `run`, `collect` and `eval`, in this
+    process (`run_tasks`) and in a Ray actor (`EpisodeWorker`) alike."""
+    ep = run_episode(env, job.task, job.mode, models, protocol)
+    return ep, episode_record(ep, job.trial, model_names, job.arm)
+
+
+def append_record(sink: TextIO, record: dict[str, Any]) -> None:
+    """One whole line, on disk before the next: what a killed run resumes from."""
+    sink.write(json.dumps(record) + "\n")
+    sink.flush()
+    os.fsync(sink.fileno())
+
+
+def episode_jobs(task_ids: Sequence[str], modes: Iterable[str], trials: int, arm: str | None = None) -> list[EpisodeJob]:
+    """Every episode of a run, in the order a single process runs them: trial, mode, task."""
+    return [EpisodeJob(str(task), mode, trial, arm) for trial in range(trials) for mode in modes for task in task_ids]
+
+
+def resumable_records(path: Path) -> list[dict[str, Any]]:
+    """The finished episodes of ``path`` (created with its folder if missing), its torn last
+    line cut off, so that new records append after whole lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    records = read_episodes(path)
+    _rewrite_without_torn_tail(path, records)
+    return records
 
 
 def _rewrite_without_torn_tail(path: Path, records: list[dict[str, Any]]) -> None:
@@ -85,33 +130,27 @@ def run_tasks(
     if concurrency > 1 and env_factory is None:
         raise ValueError("run_tasks: concurrency > 1 needs env_factory (one environment per thread)")
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    records = read_episodes(out_path)
-    _rewrite_without_torn_tail(out_path, records)
+    records = resumable_records(out_path)
     done = {episode_key(r) for r in records}
-    todo = [(t, m, task) for t in range(trials) for m in modes for task in task_ids
-            if (str(task), arm or m, t) not in done]
+    todo = [job for job in episode_jobs(task_ids, modes, trials, arm) if job.key not in done]
     lock = threading.Lock()
     with out_path.open("a") as sink, tqdm(total=len(todo), desc=arm or "episodes", unit="ep", file=sys.stderr) as bar:
 
-        def run_one(env: Environment, trial: int, mode: str, task: str) -> Environment:
-            ep = run_episode(env, str(task), mode, models, protocol)
-            record = episode_record(ep, trial, model_names or {}, arm)
+        def run_one(env: Environment, job: EpisodeJob) -> Environment:
+            ep, record = play_episode(env, job, models, protocol, model_names or {})
             with lock:  # one whole line at a time
-                sink.write(json.dumps(record) + "\n")
-                sink.flush()
-                os.fsync(sink.fileno())
+                append_record(sink, record)
                 records.append(record)
                 if on_episode is not None:
                     on_episode(ep, record)
-                bar.set_postfix(task=task, mode=mode, reward=ep.reward)
+                bar.set_postfix(task=job.task, mode=job.mode, reward=ep.reward)
                 bar.update()
             if not ep.tools_still_running:
                 return env
             # a timed-out call still runs in this environment: its late effect must not land in
             # the next episode's state, so the next episode gets a fresh environment
             if env_factory is None:
-                raise SpecAgentError(f"task {task}: tool call(s) {', '.join(ep.tools_still_running)} timed out and "
+                raise SpecAgentError(f"task {job.task}: tool call(s) {', '.join(ep.tools_still_running)} timed out and "
                                      "still run in the environment, which cannot be reused; give run_tasks an "
                                      "env_factory")
             with lock:
@@ -133,9 +172,9 @@ def _caller_groups(models: Models) -> set[CallerGroup]:
 
 
 def _run_in_threads(
-    todo: list[tuple[int, str, str]], run_one: Callable[..., None], envs: list[Environment], groups: set[CallerGroup]
+    todo: list[EpisodeJob], run_one: Callable[..., Environment], envs: list[Environment], groups: set[CallerGroup]
 ) -> None:
-    """One thread per environment takes the next (trial, mode, task) until none is left or one
+    """One thread per environment takes the next episode job until none is left or one
     failed (a single environment runs in the calling thread). Each thread is a member of the
     batching engines' caller groups, so a batch goes as soon as every episode waits."""
     queue = iter(todo)
@@ -154,7 +193,7 @@ def _run_in_threads(
                 if item is None:
                     return
                 try:
-                    env = run_one(env, *item)
+                    env = run_one(env, item)
                 except BaseException:
                     stop.set()
                     raise
