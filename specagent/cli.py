@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Callable
@@ -16,11 +17,29 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override config values")
 
 
+def _add_ray_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                        help="run the work on Ray actors (executor.kind=ray; the `ray` extra): alone, a local cluster; "
+                             "`auto`, the cluster `ray start` runs here; or ray://HOST:10001")
+
+
+def _ray_overrides(args: argparse.Namespace) -> list[str]:
+    """--ray [ADDRESS] as the config overrides it stands for, before the user's own."""
+    address = getattr(args, "ray", None)
+    if address is None:
+        return []
+    if "=" in address:  # `--ray key=value`: argparse took an override for the address (none has a '=')
+        args.overrides.insert(0, address)
+        address = ""
+    return ["executor.kind=ray"] + ([f"executor.address={json.dumps(address)}"] if address else [])
+
+
 def _config(schema_name: str, args: argparse.Namespace):
     """The validated config of a command, or None after printing it for --dump-config."""
     import specagent.config as config
 
-    cfg = config.load_config(getattr(config, schema_name), args.config, args.overrides)
+    overrides = _ray_overrides(args) + list(args.overrides)
+    cfg = config.load_config(getattr(config, schema_name), args.config, overrides)
     if args.dump_config:
         print(config.dump_config(cfg), end="")
         return None
@@ -212,9 +231,15 @@ def _add_train_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_mine_args(parser: argparse.ArgumentParser) -> None:
-    _add_config_args(parser)
+    _add_stage_args(parser)
     parser.add_argument("--shard", default="0/1", help="mine only shard i of N (i/N); default: everything")
     parser.add_argument("--merge", type=int, metavar="N", help="build the datasets from N finished shards")
+
+
+def _add_stage_args(parser: argparse.ArgumentParser) -> None:
+    """collect, mine, eval: a config, and where their work runs."""
+    _add_config_args(parser)
+    _add_ray_arg(parser)
 
 
 def _add_report_args(parser: argparse.ArgumentParser) -> None:
@@ -254,10 +279,10 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, Callable]] =
     "run": (cmd_run, "run episodes in a mode (strong|weak|stepwise|specagent) on an environment",
             _add_config_args),
     "eval": (cmd_eval, "run a matrix of arms (strong, weak, stepwise, specagent variants) on an environment "
-             "and write the report (json, md, plots)", _add_config_args),
+             "and write the report (json, md, plots)", _add_stage_args),
     "report": (cmd_report, "regenerate an eval's report from its episodes.jsonl", _add_report_args),
     "collect": (cmd_collect, "run a strong model on an environment's tasks and write trajectories.jsonl",
-                _add_config_args),
+                _add_stage_args),
     "mine": (cmd_mine, "draft segments with the weak model at every cut point of strong runs, label them",
              _add_mine_args),
     "train": (cmd_train, "LoRA-train the drafter (weak model) or the verdict head/adapter (strong model) "

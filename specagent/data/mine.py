@@ -17,10 +17,11 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TextIO
 
 from tqdm import tqdm
 
+from specagent.config import ExecutorConfig
 from specagent.core.draft import DraftJob
 from specagent.core.interfaces import ChatEngine, Environment
 from specagent.core.types import Trajectory
@@ -53,12 +54,6 @@ class Shard:
         return f"shard-{self.index:03d}-of-{self.count:03d}.jsonl"
 
 
-# --------------------------------------------------------------------- environments at a cut point
-
-
-# --------------------------------------------------------------------- one trajectory
-
-
 # --------------------------------------------------------------------- the resumable loop
 
 def finished_ids(path: Path) -> set[str]:
@@ -77,6 +72,46 @@ def finished_ids(path: Path) -> set[str]:
     return done
 
 
+def mine_group(
+    group: Sequence[Trajectory],
+    drafter: ChatEngine,
+    jobs_for: Callable[[Trajectory, Sequence[int]], list[DraftJob]],
+    settings: DraftSettings,
+    stats: DraftStats,
+    strong: ChatEngine | None = None,
+    restore_for: Callable[[Trajectory, int], Callable[[], Environment]] | None = None,
+) -> list[ShardRow]:
+    """The shard rows of a group of trajectories, all their cut points drafted in one batch:
+    the unit of work of a mining worker, in this process (`mine_shard`) and in a Ray actor alike."""
+    engine_before, group_start = stats.seconds_in_engines, time.perf_counter()
+    mined = draft_trajectories(group, drafter, jobs_for, settings, stats, strong, restore_for)
+    share = 1 / len(group)  # a group's engine and wall time, split evenly over its trajectories
+    return [ShardRow(trajectory_id=traj.id, segments=segments,
+                     seconds_in_engines=(stats.seconds_in_engines - engine_before) * share,
+                     wall_seconds=(time.perf_counter() - group_start) * share)
+            for traj, segments in zip(group, mined)]
+
+
+def append_rows(sink: TextIO, rows: Sequence[ShardRow]) -> None:
+    """A group's rows, whole lines on disk before the next group: what a killed run resumes from."""
+    for row in rows:
+        sink.write(json.dumps(row.dump()) + "\n")
+    sink.flush()
+    os.fsync(sink.fileno())
+
+
+def pending(trajectories: Sequence[Trajectory], path: Path, shard: Shard) -> list[Trajectory]:
+    """This shard's trajectories not yet in its file (a torn last line cut off), in file order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = finished_ids(path)
+    return [t for t in trajectories if shard.owns(t.id) and t.id not in done]
+
+
+def groups_of(trajectories: Sequence[Trajectory], size: int) -> list[list[Trajectory]]:
+    """Consecutive groups of ``size`` trajectories (the last one shorter): the work items."""
+    return [list(trajectories[i : i + size]) for i in range(0, len(trajectories), size)]
+
+
 def mine_shard(
     trajectories: Sequence[Trajectory],
     drafter: ChatEngine,
@@ -88,27 +123,46 @@ def mine_shard(
     restore_for: Callable[[Trajectory, int], Callable[[], Environment]] | None = None,
 ) -> tuple[Path, DraftStats]:
     """Mine this shard's trajectories into ``work_dir/shard-i-of-N.jsonl``, skipping done ones."""
-    work_dir.mkdir(parents=True, exist_ok=True)
     path = work_dir / shard.filename
-    done = finished_ids(path)
-    mine = [t for t in trajectories if shard.owns(t.id) and t.id not in done]
+    mine = pending(trajectories, path, shard)
     stats = DraftStats()
     start = time.perf_counter()
-    groups = [mine[i : i + settings.batch_trajectories] for i in range(0, len(mine), settings.batch_trajectories)]
     with path.open("a") as sink, tqdm(total=len(mine), desc=f"mining shard {shard.index}/{shard.count}",
                                       unit="traj") as bar:
-        for group in groups:
-            engine_before, group_start = stats.seconds_in_engines, time.perf_counter()
-            mined = draft_trajectories(group, drafter, jobs_for, settings, stats, strong, restore_for)
-            share = 1 / len(group)  # a group's engine and wall time, split evenly over its trajectories
-            for traj, segments in zip(group, mined):
-                row = ShardRow(trajectory_id=traj.id, segments=segments,
-                               seconds_in_engines=(stats.seconds_in_engines - engine_before) * share,
-                               wall_seconds=(time.perf_counter() - group_start) * share)
-                sink.write(json.dumps(row.dump()) + "\n")
-            sink.flush()
-            os.fsync(sink.fileno())
+        for group in groups_of(mine, settings.batch_trajectories):
+            append_rows(sink, mine_group(group, drafter, jobs_for, settings, stats, strong, restore_for))
             bar.update(len(group))
     stats.extra["wall_seconds"] = time.perf_counter() - start
     stats.extra["trajectories_mined_now"] = len(mine)
     return path, stats
+
+
+def mine_shard_on_ray(trajectories: Sequence[Trajectory], worker: type, args: tuple, batch: int, work_dir: Path,
+                      shard: Shard, executor: ExecutorConfig) -> Path:
+    """`mine_shard` with the groups mined by Ray actors running ``worker(*args)`` (its
+    ``mine(trajectory_ids)`` gives a group's rows): the driver appends each group's rows as
+    they arrive, into the same shard file, so the datasets equal a single process's and a
+    killed driver resumes at the next unmined trajectory."""
+    from specagent.runtime.ray_pool import ActorPool, Progress, connect, shutdown_if
+
+    path = work_dir / shard.filename
+    groups = [tuple(t.id for t in group) for group in groups_of(pending(trajectories, path, shard), batch)]
+    if not groups:
+        return path
+    started = connect(executor)
+    try:
+        with ActorPool(worker, args, executor) as pool, path.open("a") as sink, \
+                tqdm(total=sum(map(len, groups)), desc=f"mining shard {shard.index}/{shard.count} on ray",
+                     unit="traj") as bar:
+            progress, done = Progress("segments"), set()
+            for ids, raw in pool.map("mine", groups):
+                rows = [ShardRow.parse(r, f"actor result for {r.get('trajectory_id')}") for r in raw]
+                append_rows(sink, [r for r in rows if r.trajectory_id not in done])  # never a trajectory twice
+                done.update(ids)
+                progress.add(sum(len(r.segments) for r in rows), sum(r.seconds_in_engines for r in rows))
+                bar.set_postfix(lost=pool.stats.actors_lost)
+                bar.update(len(ids))
+            print(progress.line(pool))
+    finally:
+        shutdown_if(started)
+    return path

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from specagent.config import CollectConfig, MineConfig, check_resume, dump_config
 from specagent.core.classify import classify_tools
 from specagent.core.files import check_output_dir, check_output_file
 from specagent.core.types import Message, Trajectory, union_tools
 from specagent.data.datasets import finalize, task_split
-from specagent.data.mine import Shard, mine_shard
+from specagent.data.mine import Shard, mine_group, mine_shard, mine_shard_on_ray
 from specagent.engines import EnginePool
 from specagent.engines.batching import batching_engines
 from specagent.records.trajectories import read_trajectories, write_trajectories
@@ -24,15 +24,17 @@ from specagent.runtime.assembly import (
     scripted_policy,
     select_tasks,
 )
-from specagent.runtime.drafting import draft_settings, drafting_environment
+from specagent.runtime.drafting import DraftStats, draft_settings, drafting_environment
 from specagent.runtime.provenance import versions
 
 
-def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None = None) -> dict[str, Any] | None:
+def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None = None,
+                     worker: type | None = None) -> dict[str, Any] | None:
     """Mine one shard (and, unsharded, build the datasets); or with ``merge=N`` only build
-    the datasets from N finished shard files."""
+    the datasets from N finished shard files. ``worker``: the class that mines (`MineWorker`;
+    tests give one whose drafter is noisy, or dies)."""
     trajectories = read_trajectories(cfg.trajectories)[:: cfg.stride][: cfg.limit]
-    plan = _check_mine(cfg, trajectories)  # everything checked before anything is written
+    _check_mine(cfg, trajectories)  # everything checked before anything is written
     task_split(trajectories, cfg.validation_tasks, cfg.validation_fraction, cfg.split_by)  # unknown ids fail here
     out_dir = check_output_dir(cfg.output_dir, "output_dir")
     work_dir = out_dir / "shards"
@@ -42,7 +44,7 @@ def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "mine_config.yaml").write_text(dump_config(cfg))
     if merge is None:
-        _mine(cfg, trajectories, work_dir, shard, plan)
+        _mine(cfg, trajectories, work_dir, shard, worker or MineWorker)
         if shard.count > 1:
             print(f"shard {shard.index}/{shard.count} done; when all are, run with --merge {shard.count}")
             return None
@@ -68,27 +70,52 @@ def _check_mine(cfg: MineConfig, trajectories: list[Trajectory]) -> tuple[Any, s
     return drafter, adapter, env
 
 
-def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard: Shard,
-          plan: tuple[Any, str | None, Any]) -> None:
-    drafter, adapter, live_env = plan
-    settings = draft_settings(cfg, drafter_adapter=adapter)
-    jobs_for, restore_for = drafting_environment(cfg, trajectories, settings)
-    pool = EnginePool()
-    try:
+class MineWorker:
+    """What mines groups of trajectories, built from a mine config where it runs (this
+    process, or a Ray actor): the drafter (and strong) engines, how drafted lookups are
+    answered, the DRAFT and labeling settings. ``trajectories``: all of the run's (a replay
+    environment answers from every recorded run of a task), looked up by id."""
+
+    def __init__(self, cfg: MineConfig, trajectories: list[Trajectory]) -> None:
+        drafter, adapter, live_env = _check_mine(cfg, trajectories)
+        self.settings = draft_settings(cfg, drafter_adapter=adapter)
+        self.jobs_for, self.restore_for = drafting_environment(cfg, trajectories, self.settings)
+        self._by_id = {t.id: t for t in trajectories}
+        self._pool = EnginePool()
         roles = {"drafter": drafter} | ({"strong": cfg.strong} if cfg.strong else {})
         policy = None if live_env is None else scripted_policy(live_env, roles.values())
-        engines = pool.for_roles(roles, policy)
-        mine_shard(trajectories, engines["drafter"], jobs_for, settings, work_dir, shard, engines.get("strong"),
-                   restore_for)
+        engines = self._pool.for_roles(roles, policy)
+        self.drafter, self.strong = engines["drafter"], engines.get("strong")
+
+    def mine(self, trajectory_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The shard rows of these trajectories (one group, drafted in one batch), as JSON objects."""
+        group = [self._by_id[i] for i in trajectory_ids]
+        rows = mine_group(group, self.drafter, self.jobs_for, self.settings, DraftStats(), self.strong, self.restore_for)
+        return [row.dump() for row in rows]
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard: Shard, worker: type) -> None:
+    """This shard's trajectories: here with ``worker``'s engines, or by Ray actors each running one."""
+    if cfg.executor.kind == "ray":
+        from specagent.runtime.ray_pool import require_ray
+
+        args = (cfg, require_ray().put(trajectories))  # one copy in the object store, not one per actor
+        mine_shard_on_ray(trajectories, worker, args, cfg.batch_trajectories, work_dir, shard, cfg.executor)
+        return
+    here = worker(cfg, trajectories)
+    try:
+        mine_shard(trajectories, here.drafter, here.jobs_for, here.settings, work_dir, shard, here.strong,
+                   here.restore_for)
     finally:
-        pool.close()
+        here.close()
 
 
-def collect_from_config(cfg: CollectConfig) -> Path:
-    """Strong-model runs on an environment, appended to a trajectories.jsonl (resumable)."""
-    from specagent.core.protocol import Models
-    from specagent.runtime.episodes import run_tasks
-
+def collect_from_config(cfg: CollectConfig, worker: type | None = None) -> Path:
+    """Strong-model runs on an environment, appended to a trajectories.jsonl (resumable), in
+    this process or on Ray actors (`executor`; ``worker``: the class each actor runs, tests)."""
     env = build_env(cfg.env)
     tasks = select_tasks(env, cfg.env)  # everything checked before anything is written
     read_only = classify_tools(env.tool_specs(), cfg.env.read_only, cfg.env.write)  # a misspelt name fails here
@@ -100,15 +127,11 @@ def collect_from_config(cfg: CollectConfig) -> Path:
                                           "or choose another output")
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(dump_config(cfg))
-    pool = EnginePool()
-    try:
-        engines = pool.for_roles({"strong": cfg.strong}, scripted_policy(env, [cfg.strong]))
-        strong = (batching_engines(engines) if cfg.concurrency > 1 else engines)["strong"]
-        records = run_tasks(env, tasks, ["strong"], Models(strong=strong), protocol_config(cfg.protocol, cfg.env),
-                            episodes, trials=cfg.trials, model_names={"strong": strong.model_name},
-                            concurrency=cfg.concurrency, env_factory=lambda: build_env(cfg.env))
-    finally:
-        pool.close()
+    if cfg.executor.kind == "ray":
+        records = _collect_on_ray(cfg, tasks, episodes, worker)
+    else:
+        records = _collect_here(cfg, env, tasks, episodes)
+    records = in_run_order(records, tasks, cfg.trials)
     tools = [replace(spec, read_only=read_only[spec.name]) for spec in env.tool_specs()]
     # the user mode is part of the id: the same task played by another user is another run
     name = env.name if cfg.env.user == "ticket" else f"{env.name}-{cfg.env.user}"
@@ -125,6 +148,43 @@ def collect_from_config(cfg: CollectConfig) -> Path:
     print(f"{len(trajectories)} trajectories -> {out} (mean reward "
           f"{sum(t.reward or 0 for t in trajectories) / max(len(trajectories), 1):.2f})")
     return out
+
+
+def _collect_here(cfg: CollectConfig, env: Any, tasks: list[str], episodes: Path) -> list[dict[str, Any]]:
+    from specagent.core.protocol import Models
+    from specagent.runtime.episodes import run_tasks
+
+    pool = EnginePool()
+    try:
+        engines = pool.for_roles({"strong": cfg.strong}, scripted_policy(env, [cfg.strong]))
+        strong = (batching_engines(engines) if cfg.concurrency > 1 else engines)["strong"]
+        return run_tasks(env, tasks, ["strong"], Models(strong=strong), protocol_config(cfg.protocol, cfg.env),
+                         episodes, trials=cfg.trials, model_names={"strong": strong.model_name},
+                         concurrency=cfg.concurrency, env_factory=lambda: build_env(cfg.env))
+    finally:
+        pool.close()
+
+
+def _collect_on_ray(cfg: CollectConfig, tasks: list[str], episodes: Path, worker: type | None) -> list[dict[str, Any]]:
+    from specagent.config import RuntimeSpec
+    from specagent.runtime.episodes import episode_jobs
+    from specagent.runtime.ray_episodes import EpisodePlan, run_jobs_on_ray
+
+    spec = RuntimeSpec(env=cfg.env, strong=cfg.strong, protocol=cfg.protocol)
+    plan = EpisodePlan(env=cfg.env, engines={"strong": cfg.strong}, arms={"strong": (spec, "strong")},
+                       protocol=protocol_config(cfg.protocol, cfg.env), concurrency=cfg.concurrency)
+    jobs = episode_jobs(tasks, ["strong"], cfg.trials)
+    return run_jobs_on_ray(plan, jobs, episodes, cfg.executor, **({"worker": worker} if worker else {}))
+
+
+def in_run_order(records: list[dict[str, Any]], tasks: list[str], trials: int) -> list[dict[str, Any]]:
+    """Records in the order one process at concurrency 1 runs them (trial, then task), so
+    the trajectories file (whose order `stride` and `limit` of a mine read) does not depend
+    on which episode finished first; records of other tasks keep their place at the end."""
+    from specagent.runtime.episodes import episode_jobs, episode_key
+
+    order = {job.key: n for n, job in enumerate(episode_jobs(tasks, ["strong"], trials))}
+    return sorted(records, key=lambda r: order.get(episode_key(r), len(order)))
 
 
 def collect_files(out: Path) -> tuple[Path, Path]:
