@@ -169,10 +169,14 @@ def successes(report: dict) -> dict[str, float]:
     return {label: arm["success"] for label, arm in report["arms"].items()}
 
 
-def test_eval_on_ray_equals_one_process(cluster, evaluated_here, tmp_path):
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_eval_on_ray_equals_one_process(cluster, evaluated_here, tmp_path, concurrency):
+    """Through the CLI; at concurrency 3 each actor runs 3 episodes side by side, any arms,
+    their requests batched in its engines."""
     episodes, report = evaluated_here
     assert len(episodes) == 4 * 4 * 2  # tasks x arms x trials
-    assert main(["eval", "-c", str(EVAL_CONFIG), "--ray", f"output_dir={tmp_path}", "env.limit=4", "trials=2"]) == 0
+    assert main(["eval", "-c", str(EVAL_CONFIG), "--ray", f"output_dir={tmp_path}", "env.limit=4", "trials=2",
+                 f"concurrency={concurrency}"]) == 0
     assert by_key(tmp_path / "episodes.jsonl") == episodes
     assert successes(json.loads((tmp_path / "report.json").read_text())) == successes(report)
 
@@ -209,3 +213,12 @@ def test_executor_keys_are_resume_neutral_and_ray_flag_sets_them(tmp_path, capsy
     assert main(["mine", "trajectories=t", "--ray", "auto", "--dump-config"]) == 0
     dumped = capsys.readouterr().out
     assert "executor:\n  kind: ray\n  address: auto\n" in dumped
+
+
+def test_without_ray_installed_a_ray_run_is_a_clean_error_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as where it is not installed
+    out = tmp_path / "trajectories.jsonl"
+    assert main(["collect", "-c", str(ROOT / "configs" / "collect" / "store_scripted.yaml"), "--ray",
+                 f"output={out}"]) == 1
+    assert "pip install 'specagent[ray]'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

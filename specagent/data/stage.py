@@ -26,6 +26,7 @@ from specagent.runtime.assembly import (
 )
 from specagent.runtime.drafting import DraftStats, draft_settings, drafting_environment
 from specagent.runtime.provenance import versions
+from specagent.runtime.ray_pool import check_executor
 
 
 def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None = None,
@@ -35,6 +36,7 @@ def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None 
     tests give one whose drafter is noisy, or dies)."""
     trajectories = read_trajectories(cfg.trajectories)[:: cfg.stride][: cfg.limit]
     _check_mine(cfg, trajectories)  # everything checked before anything is written
+    check_executor(cfg.executor)
     task_split(trajectories, cfg.validation_tasks, cfg.validation_fraction, cfg.split_by)  # unknown ids fail here
     out_dir = check_output_dir(cfg.output_dir, "output_dir")
     work_dir = out_dir / "shards"
@@ -120,6 +122,7 @@ def collect_from_config(cfg: CollectConfig, worker: type | None = None) -> Path:
     tasks = select_tasks(env, cfg.env)  # everything checked before anything is written
     read_only = classify_tools(env.tool_specs(), cfg.env.read_only, cfg.env.write)  # a misspelt name fails here
     scripted_policy(env, [cfg.strong])
+    check_executor(cfg.executor)
     out = check_output_file(cfg.output, "output")
     episodes, saved = collect_files(out)
     check_output_file(episodes, "episodes file")

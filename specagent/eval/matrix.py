@@ -23,6 +23,7 @@ from specagent.runtime.assembly import (
     scripted_policy,
 )
 from specagent.runtime.episodes import episode_jobs, run_tasks
+from specagent.runtime.ray_pool import check_executor
 
 
 def eval_from_config(cfg: EvalConfig, worker: type | None = None) -> dict[str, Any]:
@@ -35,6 +36,7 @@ def eval_from_config(cfg: EvalConfig, worker: type | None = None) -> dict[str, A
         for run in runs:
             check_models(arm_spec(shared, run), env, (run.arm.mode,), tasks)
 
+    check_executor(cfg.executor)
     env, tasks, out_dir, episodes = open_run(cfg, check)
     roles = {role: getattr(shared, role) for run in runs for role in needed_roles(run.arm.mode)}
     if cfg.executor.kind == "ray":

@@ -39,6 +39,12 @@ def require_ray() -> Any:
     return ray
 
 
+def check_executor(executor: ExecutorConfig) -> None:
+    """Before a stage writes anything: an executor of kind `ray` needs Ray installed."""
+    if executor.kind == "ray":
+        require_ray()
+
+
 def connect(executor: ExecutorConfig) -> bool:
     """Join (or start) the Ray cluster of ``executor.address``, unless this process already
     is in one (a test's local cluster, a Ray job). True when this call started the session,
