@@ -15,22 +15,22 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray")
+from specagent.cli import main
+from specagent.config import CollectConfig, EvalConfig, MineConfig, load_config
+from specagent.core.protocol import Models, ProtocolConfig, run_episode
+from specagent.core.types import Trajectory
+from specagent.data.stage import collect_from_config, mine_from_config
+from specagent.engines.scripted import ScriptedEngine
+from specagent.envs.store import StoreEnv
+from specagent.envs.store.expert import expert_policy
+from specagent.eval.matrix import eval_from_config
+from specagent.records.trajectories import write_trajectories
+from specagent.runtime.episodes import read_episodes
+from specagent.runtime.ray_episodes import EpisodeWorker
+from tests.helpers.mining import TASKS
+from tests.helpers.ray_workers import NoisyMineWorker, dying
 
-from specagent.cli import main  # noqa: E402
-from specagent.config import CollectConfig, EvalConfig, MineConfig, load_config  # noqa: E402
-from specagent.core.protocol import Models, ProtocolConfig, run_episode  # noqa: E402
-from specagent.core.types import Trajectory  # noqa: E402
-from specagent.data.stage import collect_from_config, mine_from_config  # noqa: E402
-from specagent.engines.scripted import ScriptedEngine  # noqa: E402
-from specagent.envs.store import StoreEnv  # noqa: E402
-from specagent.envs.store.expert import expert_policy  # noqa: E402
-from specagent.eval.matrix import eval_from_config  # noqa: E402
-from specagent.records.trajectories import write_trajectories  # noqa: E402
-from specagent.runtime.episodes import read_episodes  # noqa: E402
-from specagent.runtime.ray_episodes import EpisodeWorker  # noqa: E402
-from tests.helpers.mining import TASKS  # noqa: E402
-from tests.helpers.ray_workers import NoisyMineWorker, dying  # noqa: E402
+ray = pytest.importorskip("ray")  # the `ray` extra (in `dev`, so CI has it)
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_CONFIG = ROOT / "configs" / "eval" / "store_scripted.yaml"
@@ -112,12 +112,12 @@ def test_an_actor_dying_mid_mine_loses_and_duplicates_nothing(cluster, trajector
 
 
 def test_a_killed_driver_resumes_into_the_same_datasets(cluster, trajectories_file, mined_here, tmp_path):
-    """The driver is a real process, SIGKILLed once it has written some groups; the rerun
-    mines only what is missing."""
+    """The driver is a real process that joins this cluster by its address (executor.address),
+    SIGKILLed once it has written some groups; the rerun mines only what is missing."""
     out = tmp_path / "out"
-    script = (f"import ray; ray.init(address={cluster.address_info['gcs_address']!r}, log_to_driver=False)\n"
-              "import sys; from tests.helpers.ray_workers import drive_slow_mine; drive_slow_mine(sys.argv[1])\n")
-    (tmp_path / "cfg.json").write_text(mine_config(trajectories_file, out, **RAY).model_dump_json())
+    script = "import sys; from tests.helpers.ray_workers import drive_slow_mine; drive_slow_mine(sys.argv[1])"
+    joining = mine_config(trajectories_file, out, **RAY, address=cluster.address_info["gcs_address"])
+    (tmp_path / "cfg.json").write_text(joining.model_dump_json())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     driver = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "cfg.json")], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -222,3 +222,12 @@ def test_without_ray_installed_a_ray_run_is_a_clean_error_before_anything_is_wri
                  f"output={out}"]) == 1
     assert "pip install 'specagent[ray]'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_stages_import_ray_only_when_they_run_on_it():
+    """`specagent --help` and local runs stay as fast as before: ray is imported lazily."""
+    code = ("import sys, specagent.cli, specagent.data.stage, specagent.eval.matrix, specagent.runtime.ray_episodes; "
+            "print('ray' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.strip() == "False", done.stderr[-2000:]

@@ -21,13 +21,14 @@ from typing import Callable, Sequence, TextIO
 
 from tqdm import tqdm
 
-from specagent.config import ExecutorConfig
+from specagent.config import MineConfig
 from specagent.core.draft import DraftJob
 from specagent.core.interfaces import ChatEngine, Environment
 from specagent.core.types import Trajectory
 from specagent.records.base import jsonl_lines
 from specagent.records.segments import ShardRow
 from specagent.runtime.drafting import DraftSettings, DraftStats, draft_trajectories
+from specagent.runtime.ray_pool import ActorPool, Progress, connect, require_ray, shutdown_if  # ray itself: lazily
 
 
 @dataclass(frozen=True)
@@ -137,32 +138,37 @@ def mine_shard(
     return path, stats
 
 
-def mine_shard_on_ray(trajectories: Sequence[Trajectory], worker: type, args: tuple, batch: int, work_dir: Path,
-                      shard: Shard, executor: ExecutorConfig) -> Path:
-    """`mine_shard` with the groups mined by Ray actors running ``worker(*args)`` (its
-    ``mine(trajectory_ids)`` gives a group's rows): the driver appends each group's rows as
-    they arrive, into the same shard file, so the datasets equal a single process's and a
-    killed driver resumes at the next unmined trajectory."""
-    from specagent.runtime.ray_pool import ActorPool, Progress, connect, shutdown_if
-
+def mine_shard_on_ray(trajectories: Sequence[Trajectory], worker: type, cfg: MineConfig, work_dir: Path,
+                      shard: Shard = Shard()) -> Path:
+    """`mine_shard` with the groups (of ``cfg.batch_trajectories``) mined by ``cfg.executor``'s
+    Ray actors, each running ``worker(cfg, trajectories)`` (its ``mine(trajectory_ids)``
+    gives a group's rows). The driver appends each group's rows as they arrive, into the
+    same shard file, so the datasets equal a single process's and a killed driver resumes at
+    the next unmined trajectory."""
     path = work_dir / shard.filename
-    groups = [tuple(t.id for t in group) for group in groups_of(pending(trajectories, path, shard), batch)]
+    groups = [tuple(t.id for t in g) for g in groups_of(pending(trajectories, path, shard), cfg.batch_trajectories)]
     if not groups:
         return path
-    started = connect(executor)
+    started = connect(cfg.executor)
     try:
-        with ActorPool(worker, args, executor) as pool, path.open("a") as sink, \
-                tqdm(total=sum(map(len, groups)), desc=f"mining shard {shard.index}/{shard.count} on ray",
-                     unit="traj") as bar:
-            progress, done = Progress("segments"), set()
-            for ids, raw in pool.map("mine", groups):
-                rows = [ShardRow.parse(r, f"actor result for {r.get('trajectory_id')}") for r in raw]
-                append_rows(sink, [r for r in rows if r.trajectory_id not in done])  # never a trajectory twice
-                done.update(ids)
-                progress.add(sum(len(r.segments) for r in rows), sum(r.seconds_in_engines for r in rows))
-                bar.set_postfix(lost=pool.stats.actors_lost)
-                bar.update(len(ids))
-            print(progress.line(pool))
+        args = (cfg, require_ray().put(list(trajectories)))  # one copy in the object store, not one per actor
+        with ActorPool(worker, args, cfg.executor) as pool:
+            progress = _append_as_mined(pool, groups, path, f"mining shard {shard.index}/{shard.count} on ray")
+        print(progress.line(pool))
     finally:
         shutdown_if(started)
     return path
+
+
+def _append_as_mined(pool: ActorPool, groups: list[tuple[str, ...]], path: Path, desc: str) -> Progress:
+    """Each group's rows appended as they arrive, a trajectory never twice; the driver's figures."""
+    progress, done = Progress("segments"), set()
+    with path.open("a") as sink, tqdm(total=sum(map(len, groups)), desc=desc, unit="traj") as bar:
+        for ids, raw in pool.map("mine", groups):
+            rows = [ShardRow.parse(r, f"actor result for {r.get('trajectory_id')}") for r in raw]
+            append_rows(sink, [r for r in rows if r.trajectory_id not in done])
+            done.update(ids)
+            progress.add(sum(len(r.segments) for r in rows), sum(r.seconds_in_engines for r in rows))
+            bar.set_postfix(lost=pool.stats.actors_lost)
+            bar.update(len(ids))
+    return progress

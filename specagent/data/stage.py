@@ -102,10 +102,7 @@ class MineWorker:
 def _mine(cfg: MineConfig, trajectories: list[Trajectory], work_dir: Path, shard: Shard, worker: type) -> None:
     """This shard's trajectories: here with ``worker``'s engines, or by Ray actors each running one."""
     if cfg.executor.kind == "ray":
-        from specagent.runtime.ray_pool import require_ray
-
-        args = (cfg, require_ray().put(trajectories))  # one copy in the object store, not one per actor
-        mine_shard_on_ray(trajectories, worker, args, cfg.batch_trajectories, work_dir, shard, cfg.executor)
+        mine_shard_on_ray(trajectories, worker, cfg, work_dir, shard)
         return
     here = worker(cfg, trajectories)
     try:

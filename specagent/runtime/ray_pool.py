@@ -19,6 +19,7 @@ the stage, which writes them through its resumable file. Hence:
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -63,7 +64,6 @@ class PoolStats:
     finished: int = 0
     actors_lost: int = 0
     resubmitted: int = 0
-    lost_errors: list[str] = field(default_factory=list)
 
 
 class ActorPool(Generic[Item]):
@@ -78,8 +78,8 @@ class ActorPool(Generic[Item]):
         self._remote = self._ray.remote(worker_cls).options(
             num_cpus=executor.num_cpus, num_gpus=executor.num_gpus, max_concurrency=per_actor)
         self._args = args
-        self.actors = [self._start() for _ in range(executor.actors)]
         self.stats = PoolStats()
+        self.actors = [self._start() for _ in range(executor.actors)]
 
     @property
     def slots(self) -> int:
@@ -111,7 +111,7 @@ class ActorPool(Generic[Item]):
                 self._lost(slot, actor, err)
                 tries[n] += 1
                 if tries[n] > self._executor.max_retries:
-                    raise SpecAgentError(f"item {n} failed on {tries[n]} actors that died running it "
+                    raise SpecAgentError(f"{_short(items[n])} failed on {tries[n]} actors that died running it "
                                          f"(executor.max_retries {self._executor.max_retries}); last: "
                                          f"{_first_line(err)}") from None
                 self.stats.resubmitted += 1
@@ -138,7 +138,7 @@ class ActorPool(Generic[Item]):
         self._ray.kill(actor, no_restart=True)
         self.actors[slot] = self._start()
         self.stats.actors_lost += 1
-        self.stats.lost_errors.append(_first_line(err))
+        print(f"ray: actor {slot} lost ({_first_line(err)}); a fresh one takes its items", file=sys.stderr)
 
 
 @dataclass
@@ -164,6 +164,11 @@ class Progress:
         return (f"ray: {self.count} {self.unit} in {seconds:.1f}s = {rate:.3f}/s ({60 * rate:.1f}/min) on "
                 f"{len(pool.actors)} actor(s) x {pool.per_actor}; engine share {share:.1%}; actors lost "
                 f"{pool.stats.actors_lost}, items resubmitted {pool.stats.resubmitted}")
+
+
+def _short(item: Any) -> str:
+    text = repr(item)
+    return f"item {text if len(text) <= 80 else text[:77] + '...'}"
 
 
 def _first_line(err: BaseException) -> str:
