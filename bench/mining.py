@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
-
-import os
 
 from specagent.config import MineConfig
 from specagent.core.classify import classify_tools
