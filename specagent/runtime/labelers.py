@@ -236,29 +236,44 @@ def match_labels(
     window (order may differ); a drafted write or reply is valid if it matches the
     window's first non-lookup step (a reply through ``judge``, by default `claim_judge`).
     """
+    return prefix_closed([hit is not None for hit in match_assignment(steps, reference, read_only, window, judge)])
+
+
+def match_assignment(
+    steps: Sequence[DraftedStep],
+    reference: Sequence[Message],
+    read_only: dict[str, bool],
+    window: int = 4,
+    judge: TextJudge = claim_judge,
+) -> list[int | None]:
+    """The strong step each drafted step stands for under `match_labels`' rules: its index in
+    ``reference``, or None where the step is not valid (before prefix closing). A drafted
+    lookup takes the first still unmatched equal lookup of the window, in the window's order."""
     window_steps = []
     for ref in reference[:window]:
         window_steps.append(ref)
         if not _is_lookup(ref, read_only):
             break
-    lookups = [r for r in window_steps if _is_lookup(r, read_only)]
-    action = next((r for r in window_steps if not _is_lookup(r, read_only)), None)
-    valid = []
+    lookups = [i for i, r in enumerate(window_steps) if _is_lookup(r, read_only)]
+    action = next((i for i, r in enumerate(window_steps) if not _is_lookup(r, read_only)), None)
+    hits: list[int | None] = []
     for step in steps:
         if step.kind is StepKind.MALFORMED:
-            valid.append(False)
+            hits.append(None)
         elif step.kind is StepKind.READ:
-            hit = next((r for r in lookups if same_step(step.message, r)), None)
+            hit = next((i for i in lookups if same_step(step.message, window_steps[i])), None)
             if hit is not None:
                 lookups.remove(hit)
-            valid.append(hit is not None)
+            hits.append(hit)
         elif action is None:
-            valid.append(False)
+            hits.append(None)
         elif step.kind is StepKind.REPLY:
-            valid.append(not action.tool_calls and judge(step.message.content or "", action.content or ""))
+            ref = window_steps[action]
+            ok = not ref.tool_calls and judge(step.message.content or "", ref.content or "")
+            hits.append(action if ok else None)
         else:
-            valid.append(same_step(step.message, action))
-    return prefix_closed(valid)
+            hits.append(action if same_step(step.message, window_steps[action]) else None)
+    return hits
 
 
 def _is_lookup(message: Message, read_only: dict[str, bool]) -> bool:
