@@ -12,7 +12,7 @@ from specagent.core.classify import classify_tools, step_kind
 from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall, Trajectory
 from specagent.eval.savings import Walk, bootstrap_share, simulate, totals
 from specagent.runtime.labelers import match_assignment
-from tests.data.conftest import airline_import, airline_path  # noqa: F401  (fixtures)
+from tests.data.conftest import AIRLINE_RUNS, AIRLINE_YAML
 
 RO = {"get_user_details": True, "get_reservation_details": True, "cancel_reservation": False}
 TOKENS = {"get_user_details": 10, "get_reservation_details": 20, "cancel_reservation": 30, "reply": 40}
@@ -34,7 +34,8 @@ def tiny_run() -> Trajectory:
         Message("system", "policy"), Message("user", "Please cancel R1, I am u1."),
         call("get_user_details", 2, user_id="u1"), Message("tool", '{"user": "u1"}', tool_call_id="c2"),
         call("get_reservation_details", 4, reservation_id="R1"), Message("tool", '{"id": "R1"}', tool_call_id="c4"),
-        call("cancel_reservation", 6, reservation_id="R1"), Message("tool", '{"status": "cancelled"}', tool_call_id="c6"),
+        call("cancel_reservation", 6, reservation_id="R1"),
+        Message("tool", '{"status": "cancelled"}', tool_call_id="c6"),
         Message("assistant", DONE), Message("user", "Thanks ###STOP###"),
     ])
 
@@ -102,8 +103,8 @@ WRONG_WRITE = DraftedStep(call("cancel_reservation", 6, reservation_id="R2"), St
 
 def wrong_lookup(requests):
     """Always drafts one lookup GPT-4o never made."""
-    return [Segment(cut, (DraftedStep(WRONG, StepKind.READ, (Message("tool", "{}", tool_call_id="c99"),)),), "max_steps")
-            for _, cut, _ in requests]
+    step = DraftedStep(WRONG, StepKind.READ, (Message("tool", "{}", tool_call_id="c99"),))
+    return [Segment(cut, (step,), "max_steps") for _, cut, _ in requests]
 
 
 def accept_all(run, context, segment):
@@ -236,9 +237,14 @@ def test_totals_and_the_bootstrap_interval():
 
 
 @pytest.fixture(scope="module")
-def airline_run(airline_import):
+def airline_run():
     """Task 22 trial 2: steps T L(user) L(reservation) T L(search) T T L(think) T T W(update) T."""
-    run = next(t for t in airline_import[0] if t.id.endswith(":22:2"))
+    if not AIRLINE_RUNS.exists():
+        pytest.skip(f"real airline runs not found at {AIRLINE_RUNS} (set SPECAGENT_AIRLINE_RUNS)")
+    from specagent.data.importers import convert_files
+
+    runs, _ = convert_files([AIRLINE_RUNS], tools_yaml=AIRLINE_YAML, model="gpt-4o")
+    run = next(t for t in runs if t.id.endswith(":22:2"))
     return run, classify_tools(run.tools, (), (), strict=False)
 
 
