@@ -4,16 +4,22 @@ the run's steps in the comments, not by the code under test."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
+from specagent.config import AirlineEnvSettings, EnvConfig
 from specagent.core.classify import classify_tools, step_kind
 from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall, Trajectory
+from specagent.engines.scripted import ScriptedEngine
 from specagent.eval.savings import Walk, bootstrap_share, simulate, totals
 from specagent.runtime.labelers import match_assignment
 from tests.data.conftest import AIRLINE_RUNS, AIRLINE_YAML
 
+BENCH = Path(__file__).parents[2] / "bench" / "gpt4o_savings.py"
 RO = {"get_user_details": True, "get_reservation_details": True, "cancel_reservation": False}
 TOKENS = {"get_user_details": 10, "get_reservation_details": 20, "cancel_reservation": 30, "reply": 40}
 DONE = "Your reservation R1 has been cancelled."
@@ -306,3 +312,38 @@ def test_walk_stands_before_the_first_step_after_the_first_user_turn(airline_run
     run, ro = airline_run
     walk = Walk(run, chars, ro)
     assert walk.cut == 2 and walk.context() == run.messages[:2]
+
+
+# ------------------------------------------------------------------ the bench's live drafter
+
+
+def test_the_bench_drafts_in_the_live_airline_env_restored_to_each_point(airline_run):
+    """bench/gpt4o_savings.py's drafter on a scripted engine that writes GPT-4o's next step:
+    every round runs in a live airline env restored to the walk's point, lookups for real."""
+    run, ro = airline_run
+    spec = importlib.util.spec_from_file_location("gpt4o_savings", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    steps = [m for m in run.messages if m.role == "assistant"]
+
+    def gpt4o_next(messages, tools):  # the recorded step after as many assistant steps as the context holds
+        return steps[sum(m.role == "assistant" for m in messages)]
+
+    airline = AirlineEnvSettings(data_dir=str(AIRLINE_RUNS.parent), runs=str(AIRLINE_RUNS))
+    env = EnvConfig(name="airline", airline=airline)
+    args = argparse.Namespace(max_draft_steps=4, max_tokens=192)
+    live = bench.live_drafter(ScriptedEngine(gpt4o_next), env, args, None)
+    observed: list[Message] = []
+
+    def draft(requests):
+        segments = live(requests)
+        observed.extend(o for s in segments for step in s.steps for o in step.observations)
+        return segments
+
+    r = simulate([run], draft, None, chars, lambda _: ro)[0]
+    total = sum(chars(m) for m in steps)
+    # as the exact replayer above: {T} {L L T} {L T} {T} {L T} {T} {W} {T}
+    assert (r.supplied_tokens, r.tokens, r.rounds, r.repaired_steps, r.false_accepts) == (total, total, 8, 0, 0)
+    # the drafted lookups ran in the live env: their observations are GPT-4o's recorded ones
+    recorded_obs = {m.content for m in run.messages if m.role == "tool"}
+    assert len(observed) == 4 and all(m.content in recorded_obs for m in observed)  # user, reservation, search, think
