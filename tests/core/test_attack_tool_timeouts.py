@@ -103,19 +103,20 @@ def test_the_timeout_counts_from_the_calls_start_not_from_a_queue():
     """Sixteen episodes each block a tool call for most of the timeout at once: with a shared
     pool, later calls would wait in its queue and time out before they ran."""
     barrier = threading.Barrier(16)
+    timeout = 1.5  # a second of headroom: a loaded CI box delays threads by tens of milliseconds
 
     class Busy(ToyEnv):
         def execute(self, call):
             if call.name == "get":
-                barrier.wait(timeout=5)
-                time.sleep(0.5 * TIMEOUT)
+                barrier.wait(timeout=5)  # all 16 calls run at once, or none gets past here
+                time.sleep(0.5)
             return super().execute(call)
 
     results = []
 
     def one():
         ep = run_episode(Busy(), "t0", "strong", Models(strong=ScriptedEngine(strong_policy)),
-                         ProtocolConfig(max_steps=3, tool_timeout_s=TIMEOUT))
+                         ProtocolConfig(max_steps=3, tool_timeout_s=timeout))
         results.append(ep)
 
     threads = [threading.Thread(target=one) for _ in range(16)]
