@@ -102,7 +102,8 @@ def test_every_shipped_cpu_config_gets_an_explicit_cache_that_fits_a_24_gib_mach
     assert ("configs/quickstart/mine.yaml", "drafter") in cpu
     assert {p for p, _ in cpu} >= {"configs/eval/quickstart_vllm.yaml", "configs/run/airline_smollm2_vllm.yaml",
                                    "configs/serve/store_smollm2_vllm.yaml", "configs/mine/airline_smollm2_live.yaml"}
-    assert {str(p) for p in gpu} == {"configs/eval/gpu_qwen.yaml", "configs/run/gpu_qwen_vllm.yaml"}
+    assert {str(p) for p in gpu} == {"configs/eval/gpu_qwen.yaml", "configs/run/gpu_qwen_vllm.yaml",
+                                     "configs/eval/gpu_qwen_ray.yaml", "configs/mine/gpu_qwen_ray.yaml"}
 
 
 # --- the user's choice is kept ----------------------------------------------------------------
