@@ -64,7 +64,8 @@ def main() -> None:
     parser.add_argument("--note", default="", help="what the reader should know about this run")
     args = parser.parse_args()
     result = summarize(args.source)
-    versions = result.get("versions") or {}
+    beside = args.source.parent / "versions.json"  # a training output keeps its versions there
+    versions = result.get("versions") or (json.loads(beside.read_text()) if beside.is_file() else {})
     record = {"name": args.name, "command": args.command, "note": args.note,
               "git_sha": versions.get("git_sha") or result.get("git_sha"),
               "recorded": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "source": str(args.source),
