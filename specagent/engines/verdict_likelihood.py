@@ -32,7 +32,7 @@ from specagent.core.interfaces import ScoreRequest, TokenScorer
 from specagent.core.types import DraftedStep, Message, Segment, ToolSpec, Usage, Verdict
 from specagent.core.verify import render_steps
 from specagent.engines.render import FULL, PromptProfile, render_prompt
-from specagent.engines.verdict_head import accepted_prefix, step_message_indices
+from specagent.engines.verdict_head import accepted_prefix, boundary_positions, step_message_indices
 
 GREEDY = 1.0  # the default threshold: only the strong model's greedy steps
 
@@ -45,16 +45,13 @@ def step_token_spans(tokenizer: Any, messages: Sequence[Message], tools: Sequenc
                      step_indices: Sequence[int], boundary: str = "<|im_end|>",
                      profile: PromptProfile = FULL) -> tuple[list[int], list[tuple[int, int]]]:
     """(token ids of `messages`, per step the [first, last] token positions of its assistant
-    turn: from the first token after the assistant header to the boundary that closes it)."""
-    ids = _ids(tokenizer, render_prompt(tokenizer, messages, tools, add_generation_prompt=False, profile=profile))
-    end_id = tokenizer.convert_tokens_to_ids(boundary)
+    turn: from the first token after the assistant header to the boundary that closes it, the
+    position a verdict head reads: `boundary_positions`)."""
+    ids, lasts = boundary_positions(tokenizer, messages, tools, step_indices, boundary, profile)
     spans = []
-    for index in step_indices:
+    for index, last in zip(step_indices, lasts):
         header = _ids(tokenizer, render_prompt(tokenizer, messages[:index], tools, profile=profile))
         first = next((i for i, (a, b) in enumerate(zip(header, ids)) if a != b), len(header))  # tokens may merge
-        closed = len(_ids(tokenizer, render_prompt(tokenizer, messages[: index + 1], tools,
-                                                   add_generation_prompt=False, profile=profile)))
-        last = max(i for i in range(min(closed, len(ids))) if ids[i] == end_id)
         spans.append((max(first, 1), last))
     return ids, spans
 

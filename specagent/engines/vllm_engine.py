@@ -170,17 +170,15 @@ class VLLMEngine:
         results = []
         for r, out in zip(requests, outputs):
             reported = [out.prompt_logprobs[p + 1] for p in r.positions]
+            usage = Usage(prompt_tokens=len(out.prompt_token_ids), cached_tokens=out.num_cached_tokens or 0,
+                          seconds=share)
             if r.own:  # vLLM always reports the prompt's own token, with its rank
                 own = [entry[r.token_ids[p + 1]] for p, entry in zip(r.positions, reported)]
-                results.append(Scores(logprobs=[[e.logprob, float(e.rank == 1)] for e in own],
-                                      usage=Usage(prompt_tokens=len(out.prompt_token_ids),
-                                                  cached_tokens=out.num_cached_tokens or 0, seconds=share)))
-                continue
-            results.append(Scores(
-                logprobs=[_candidate_logprobs(entry, r.candidates) for entry in reported],
-                usage=Usage(prompt_tokens=len(out.prompt_token_ids), cached_tokens=out.num_cached_tokens or 0,
-                            seconds=share),
-                estimated=sum(c not in entry for entry in reported for c in r.candidates)))
+                results.append(Scores(logprobs=[[e.logprob, float(e.rank == 1)] for e in own], usage=usage))
+            else:
+                results.append(Scores(logprobs=[_candidate_logprobs(entry, r.candidates) for entry in reported],
+                                      usage=usage,
+                                      estimated=sum(c not in entry for entry in reported for c in r.candidates)))
         return results
 
     def _score_by_prefixes(self, request: ScoreRequest, top_k: int) -> Scores:
