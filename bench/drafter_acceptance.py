@@ -57,7 +57,8 @@ def main() -> None:
         for name, lora in (("base", None), ("tuned", "tuned")):
             began = time.perf_counter()
             run = dataclasses.replace(data, settings=dataclasses.replace(data.settings, drafter_adapter=lora))
-            results[name] = {**offline_acceptance(engine, run), "seconds": round(time.perf_counter() - began, 1)}
+            figures = offline_acceptance(engine, run, progress=f"{name} drafts")
+            results[name] = {**figures, "seconds": round(time.perf_counter() - began, 1)}
     finally:
         getattr(engine, "close", lambda: None)()
     report = {"mined": args.mined, "adapter": adapter, "backend": args.backend, "cuts": args.cuts,

@@ -76,7 +76,7 @@ def measure(name: str, model: str, data: HeldOut, args: argparse.Namespace, acce
         out = {"model": model, "weight_bytes": engine.cost.weight_bytes,
                "kv_bytes_per_token": engine.cost.kv_bytes_per_token}
         if acceptance:
-            out["acceptance"] = offline_acceptance(engine, data)
+            out["acceptance"] = offline_acceptance(engine, data, progress=f"{name} drafts")
         if name != "base":
             out["decode"] = decode_speed(engine, data, args.speed_requests, args.speed_tokens)
     finally:

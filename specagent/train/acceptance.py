@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
 from specagent.config import AcceptanceSettings, MineConfig, load_config
@@ -61,10 +62,12 @@ def held_out(settings: AcceptanceSettings) -> HeldOut:
     return HeldOut(trajectories, jobs_for, mine_settings, mine.drafter.max_model_len)
 
 
-def offline_acceptance(engine: Any, data: HeldOut) -> dict[str, Any]:
-    """Draft and label at every held-out cut point; the mining figures of DESIGN §3."""
+def offline_acceptance(engine: Any, data: HeldOut, progress: str | None = None) -> dict[str, Any]:
+    """Draft and label at every held-out cut point; the mining figures of DESIGN §3.
+    `progress`: a label for a progress bar over the trajectories (none when unset)."""
     stats = DraftStats()
-    segments = [seg for traj in data.trajectories
+    trajectories = tqdm(data.trajectories, desc=progress, unit="run", disable=progress is None)
+    segments = [seg for traj in trajectories
                 for seg in draft_trajectory(traj, engine, data.jobs_for, data.settings, stats)]
     figures = segment_stats(segments)
     return {k: figures[k] for k in ("segments", "drafted_steps", "accepted_steps", "acceptance_rate",
