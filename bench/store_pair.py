@@ -102,21 +102,22 @@ def main() -> None:
     parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
     parser.add_argument("--speed-requests", type=int, default=16)
     parser.add_argument("--speed-tokens", type=int, default=64)
+    parser.add_argument("--models", nargs="+", choices=["base", "tuned", "strong"], default=["base", "tuned", "strong"],
+                        help="which to measure (the summary's ratios need tuned and strong; base: W's acceptance)")
     parser.add_argument("--out", default="runs/bench/store_pair.json")
     args = parser.parse_args()
 
     data = held_out(args)
     results = {name: measure(name, model, data, args, acceptance)
                for name, model, acceptance in (("base", args.base, True), ("tuned", args.drafter, True),
-                                               ("strong", args.strong, False))}
-    tuned, strong = results["tuned"], results["strong"]
-    summary = {
-        "acceptance_base": results["base"]["acceptance"]["acceptance_rate"],
-        "acceptance_tuned": tuned["acceptance"]["acceptance_rate"],
-        "weight_bytes_ratio": tuned["weight_bytes"] / strong["weight_bytes"],
-        "decode_speed_ratio": (tuned["decode"]["tokens_per_s"] / strong["decode"]["tokens_per_s"]
-                               if tuned["decode"]["tokens_per_s"] and strong["decode"]["tokens_per_s"] else None),
-    }
+                                               ("strong", args.strong, False)) if name in args.models}
+    summary = {f"acceptance_{name}": results[name]["acceptance"]["acceptance_rate"]
+               for name in ("base", "tuned") if name in results}
+    if "tuned" in results and "strong" in results:
+        tuned, strong = results["tuned"], results["strong"]
+        summary["weight_bytes_ratio"] = tuned["weight_bytes"] / strong["weight_bytes"]
+        summary["decode_speed_ratio"] = (tuned["decode"]["tokens_per_s"] / strong["decode"]["tokens_per_s"]
+                                         if tuned["decode"]["tokens_per_s"] and strong["decode"]["tokens_per_s"] else None)
     report = {"command": " ".join(sys.argv), "git_sha": versions().get("git_sha"), "backend": args.backend,
               "trajectories": len(data.trajectories), "cuts": args.cuts, **results, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
