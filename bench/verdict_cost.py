@@ -32,7 +32,6 @@ from tqdm.auto import tqdm
 
 from specagent.core.classify import classify_tools
 from specagent.core.interfaces import ChatRequest
-from specagent.core.verify import render_steps
 from specagent.engines.verdict_likelihood import LikelihoodVerifier
 from specagent.engines.vllm_engine import VLLMEngine
 from specagent.records.trajectories import read_trajectories
@@ -101,7 +100,7 @@ def main() -> None:
             usage = charges[0][1]
             committed = traj.messages[: committed_end(traj, cut, verdict.accepted)]
             repair = engine.chat([ChatRequest(committed, traj.tools, 1)])[0]
-            prompt_ids, _ = verifier_ids(verifier, context, traj.tools, steps)  # what the verify request sent
+            prompt_ids, _ = verifier.prompt(context, traj.tools, steps)  # what the verify request sent
             engine.llm.reset_prefix_cache()
             _, plain_s = timed(lambda: engine._generate([prompt_ids], [plain], [None]))
             rows.append({"trajectory": traj.id, "cut": cut, "steps": len(steps), "accepted": verdict.accepted,
@@ -135,16 +134,6 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(json.dumps(summary, indent=2))
     print(args.out)
-
-
-def verifier_ids(verifier: LikelihoodVerifier, context, tools, steps):
-    """The token ids of the verify prompt and the scored spans, as the verifier builds them."""
-    from specagent.engines.verdict_head import step_message_indices
-    from specagent.engines.verdict_likelihood import step_token_spans
-
-    messages = [*context, *render_steps(steps)]
-    return step_token_spans(verifier.engine.tokenizer, messages, tools, step_message_indices(len(context), steps),
-                            profile=verifier.engine.profile_for(verifier.adapter))
 
 
 if __name__ == "__main__":

@@ -75,12 +75,16 @@ class LikelihoodVerifier:
         self.threshold = GREEDY if threshold is None else threshold
         self.adapter = adapter
 
+    def prompt(self, context: Sequence[Message], tools: Sequence[ToolSpec],
+               steps: Sequence[DraftedStep]) -> tuple[list[int], list[tuple[int, int]]]:
+        """The verify prompt's token ids and, per step, the [first, last] positions it scores."""
+        messages = [*context, *render_steps(steps)]
+        return step_token_spans(self.engine.tokenizer, messages, tools, step_message_indices(len(context), steps),
+                                profile=self.engine.profile_for(self.adapter))
+
     def scores(self, context: Sequence[Message], tools: Sequence[ToolSpec],
                steps: Sequence[DraftedStep]) -> tuple[list[float], Usage]:
-        messages = [*context, *render_steps(steps)]
-        ids, spans = step_token_spans(self.engine.tokenizer, messages, tools,
-                                      step_message_indices(len(context), steps),
-                                      profile=self.engine.profile_for(self.adapter))
+        ids, spans = self.prompt(context, tools, steps)
         positions = [t - 1 for first, last in spans for t in range(first, last + 1)]  # read before each token
         scored = self.engine.score([ScoreRequest(ids, positions, adapter=self.adapter, own=True)])[0]
         return step_scores(scored.logprobs, spans), scored.usage
