@@ -7,7 +7,11 @@ acceptance = accepted drafted steps / drafted steps. One engine serves both (the
 by LoRA per request), so nothing differs but the weights.
 
     python bench/drafter_acceptance.py --mined runs/airline/mined-all --limit 5 \
-        --adapter runs/airline/train/drafter-smollm2 [--cuts 6] [--backend vllm]
+        --adapter runs/airline/train/drafter-smollm2 [--cuts 6|all] [--backend vllm]
+
+Acceptance comes with a 95% bootstrap interval over the validation runs (runs resampled
+with replacement, Σaccepted / Σdrafted each time) and a breakdown by position in the
+drafted segment and by tool.
 """
 
 from __future__ import annotations
@@ -35,12 +39,38 @@ def build_engine(backend: str, mine: MineConfig, adapter: str):
                               max_model_len=mine.drafter.max_model_len)
 
 
+def cuts_arg(value: str) -> int | None:
+    if value == "all":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: a positive number of cut points, or `all`")
+    return int(value)
+
+
+def pct(rate: float | None) -> str:
+    return "–" if rate is None else f"{100 * rate:.1f}%"
+
+
+def breakdown(results: dict, key: str, title: str) -> None:
+    print(f"\nby {title}: drafted / accepted / rate per drafter")
+    names = list(results)
+    rows = sorted({k for r in results.values() for k in r[key]}, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else k))
+    print(f"{'':<30}" + "".join(f"{name:>24}" for name in names))
+    for row in rows:
+        cells = []
+        for name in names:
+            c = results[name][key].get(row)
+            cells.append("–" if c is None else f"{c['drafted']} / {c['accepted']} / {pct(c['rate'])}")
+        print(f"{row:<30}" + "".join(f"{cell:>24}" for cell in cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mined", default="runs/airline/mined-all", help="a `specagent mine` output dir")
     parser.add_argument("--adapter", default="runs/airline/train/drafter-smollm2",
                         help="the trained drafter (training output, export, or adapter dir)")
-    parser.add_argument("--cuts", type=int, default=6, help="cut points per validation trajectory")
+    parser.add_argument("--cuts", type=cuts_arg, default=6,
+                        help="cut points per validation trajectory, evenly spaced; `all`: every assistant step")
     parser.add_argument("--limit", type=int, default=None, help="validation trajectories (default: all)")
     parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
     parser.add_argument("--out", default="runs/bench/drafter_acceptance.json")
@@ -66,13 +96,18 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
 
-    print(f"\nvalidation: {len(data.trajectories)} trajectories, {args.cuts} cut points each, labeler match")
-    print(f"{'drafter':<8} {'segments':>8} {'drafted':>8} {'accepted':>8} {'acceptance':>10} {'mean prefix':>11}  ended by")
+    cuts = "every cut point" if args.cuts is None else f"{args.cuts} cut points each"
+    print(f"\nvalidation: {len(data.trajectories)} trajectories, {cuts}, labeler match")
+    print(f"{'drafter':<8} {'segments':>8} {'drafted':>8} {'accepted':>8} {'acceptance':>10} {'95% CI (runs)':>16} "
+          f"{'mean prefix':>11}  ended by")
     for name, r in results.items():
-        rate = "–" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.1f}%"
+        ci = r["acceptance_ci95"]
+        interval = "–" if ci is None else f"[{pct(ci[0])}, {pct(ci[1])}]"
         prefix = "–" if r["mean_accepted_prefix"] is None else f"{r['mean_accepted_prefix']:.2f}"
-        print(f"{name:<8} {r['segments']:>8} {r['drafted_steps']:>8} {r['accepted_steps']:>8} {rate:>10} "
-              f"{prefix:>11}  {r['ended_by']}")
+        print(f"{name:<8} {r['segments']:>8} {r['drafted_steps']:>8} {r['accepted_steps']:>8} "
+              f"{pct(r['acceptance_rate']):>10} {interval:>16} {prefix:>11}  {r['ended_by']}")
+    breakdown(results, "by_position", "position in the drafted segment")
+    breakdown(results, "by_tool", "tool (or step kind)")
     base, tuned = results["base"]["acceptance_rate"] or 0.0, results["tuned"]["acceptance_rate"] or 0.0
     print(f"gain: {100 * (tuned - base):+.1f} points   ({args.out})")
 

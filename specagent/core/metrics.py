@@ -8,6 +8,7 @@ Rates and ratios are ratios of sums over tasks (each task's trials averaged firs
 from __future__ import annotations
 
 import math
+import random
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
@@ -45,6 +46,24 @@ def ratio_ci(num: Sequence[float], den: Sequence[float], z: float = 1.96) -> dic
     var = sum((a - r * b) ** 2 for a, b in zip(num, den, strict=True)) / (n - 1)
     half = z * math.sqrt(var / n) / abs(total / n)
     return {"mean": r, "lo": r - half, "hi": r + half, "n": n}
+
+
+def bootstrap_ratio(num: Sequence[float], den: Sequence[float], resamples: int = 2000,
+                    seed: int = 0) -> list[float] | None:
+    """95% percentile-bootstrap interval of Σnum / Σden over paired values (one pair per run
+    or task, resampled with replacement); None when no resample has a non-zero Σden."""
+    pairs = list(zip(num, den, strict=True))
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples if pairs else 0):
+        pick = [rng.choice(pairs) for _ in pairs]
+        total = sum(b for _, b in pick)
+        if total:
+            ratios.append(sum(a for a, _ in pick) / total)
+    if not ratios:
+        return None
+    ratios.sort()
+    return [ratios[int(0.025 * (len(ratios) - 1))], ratios[int(0.975 * (len(ratios) - 1))]]
 
 
 def _ratio(a: float, b: float) -> float | None:

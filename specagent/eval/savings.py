@@ -41,10 +41,10 @@ Rounds are drafts made; verify passes are the rounds with something to verify.
 
 from __future__ import annotations
 
-import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from specagent.core.metrics import bootstrap_ratio
 from specagent.core.types import DraftedStep, Message, Segment, Trajectory
 from specagent.runtime.drafting import cut_points
 from specagent.runtime.labelers import TextJudge, claim_judge, match_assignment, prefix_closed
@@ -230,14 +230,4 @@ def totals(results: Sequence[RunSavings], resamples: int = 2000, seed: int = 0) 
 
 def bootstrap_share(results: Sequence[RunSavings], resamples: int = 2000, seed: int = 0) -> list[float] | None:
     """The 2.5th and 97.5th percentiles of Σsupplied/Σtokens over resampled sets of runs."""
-    rng = random.Random(seed)
-    shares = []
-    for _ in range(resamples):
-        pick = [rng.choice(results) for _ in results]
-        tokens = sum(r.tokens for r in pick)
-        if tokens:
-            shares.append(sum(r.supplied_tokens for r in pick) / tokens)
-    if not shares:
-        return None
-    shares.sort()
-    return [shares[int(0.025 * (len(shares) - 1))], shares[int(0.975 * (len(shares) - 1))]]
+    return bootstrap_ratio([r.supplied_tokens for r in results], [r.tokens for r in results], resamples, seed)

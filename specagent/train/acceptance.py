@@ -20,6 +20,7 @@ from transformers import TrainerCallback
 from specagent.config import AcceptanceSettings, MineConfig, load_config
 from specagent.core.draft import DraftJob
 from specagent.core.errors import ConfigError
+from specagent.core.metrics import bootstrap_ratio
 from specagent.core.types import Trajectory
 from specagent.runtime.drafting import (
     DraftSettings,
@@ -67,11 +68,18 @@ def offline_acceptance(engine: Any, data: HeldOut, progress: str | None = None) 
     `progress`: a label for a progress bar over the trajectories (none when unset)."""
     stats = DraftStats()
     trajectories = tqdm(data.trajectories, desc=progress, unit="run", disable=progress is None)
-    segments = [seg for traj in trajectories
-                for seg in draft_trajectory(traj, engine, data.jobs_for, data.settings, stats)]
+    segments, per_run = [], {}
+    for traj in trajectories:
+        drafted = draft_trajectory(traj, engine, data.jobs_for, data.settings, stats)
+        run = segment_stats(drafted)
+        per_run[traj.id] = {"drafted": run["drafted_steps"], "accepted": run["accepted_steps"]}
+        segments += drafted
     figures = segment_stats(segments)
-    return {k: figures[k] for k in ("segments", "drafted_steps", "accepted_steps", "acceptance_rate",
-                                    "mean_accepted_prefix", "ended_by")}
+    out = {k: figures[k] for k in ("segments", "drafted_steps", "accepted_steps", "acceptance_rate",
+                                   "mean_accepted_prefix", "ended_by", "by_position", "by_tool")}
+    runs = list(per_run.values())
+    out["acceptance_ci95"] = bootstrap_ratio([r["accepted"] for r in runs], [r["drafted"] for r in runs])
+    return {**out, "per_run": per_run}
 
 
 class AcceptanceCallback(TrainerCallback):

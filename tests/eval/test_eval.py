@@ -15,7 +15,7 @@ from specagent.config import ArmConfig, EvalConfig, TransformersEngineConfig, Ve
 from specagent.core.accounting import Ledger
 from specagent.core.canonical import same_step
 from specagent.core.errors import ConfigError
-from specagent.core.metrics import ratio_ci
+from specagent.core.metrics import bootstrap_ratio, ratio_ci
 from specagent.core.protocol import Models, ProtocolConfig
 from specagent.core.types import Message
 from specagent.engines.scripted import ScriptedEngine, ScriptedVerifier
@@ -212,6 +212,17 @@ def test_bad_arms_are_config_errors(arms, problem, tmp_path):
     path.write_text(json.dumps({"arms": arms}))
     with pytest.raises(ConfigError, match=re.escape(problem)):
         load_config(EvalConfig, path)
+
+
+def test_bootstrap_ratio_resamples_runs_not_steps():
+    """Runs resampled whole: one run with every step holds the interval's ends at its extremes."""
+    assert bootstrap_ratio([2, 2, 2], [4, 4, 4]) == [0.5, 0.5]  # identical runs: no spread
+    lo, hi = bootstrap_ratio([0, 0, 9, 1], [10, 10, 10, 10])
+    assert 0 <= lo < 10 / 40 < hi <= 0.9
+    assert bootstrap_ratio([0, 5], [10, 10], seed=1) == bootstrap_ratio([0, 5], [10, 10], seed=1)
+    assert bootstrap_ratio([1], [0]) is None and bootstrap_ratio([], []) is None
+    with pytest.raises(ValueError):
+        bootstrap_ratio([1, 2], [3])
 
 
 def test_ratio_ci_is_the_ratio_of_sums_with_a_delta_method_interval():

@@ -22,6 +22,12 @@ def test_offline_acceptance_is_the_mining_figure(mined):
     for key in ("segments", "drafted_steps", "accepted_steps", "acceptance_rate"):
         assert noisy[key] == mined_figures[key]
     assert 0 < noisy["acceptance_rate"] < 1
+    runs = noisy["per_run"].values()  # the per-run counts sum to the totals; the interval holds the rate
+    assert sum(r["drafted"] for r in runs) == noisy["drafted_steps"]
+    assert sum(r["accepted"] for r in runs) == noisy["accepted_steps"]
+    lo, hi = noisy["acceptance_ci95"]
+    assert lo <= noisy["acceptance_rate"] <= hi
+    assert sum(v["drafted"] for v in noisy["by_position"].values()) == noisy["drafted_steps"]
     assert offline_acceptance(ScriptedEngine(expert_policy(StoreEnv())), data)["acceptance_rate"] == 1.0
 
 
