@@ -141,10 +141,52 @@ def cmd_env(args: argparse.Namespace) -> int:
     """Environment utilities: serve the built-in store domain as an MCP server; list a split's tasks."""
     if args.action == "tasks":
         return _list_tasks(_options("EnvTasksOptions", args, "domain", "split", "user", "as_json"))
-    from specagent.envs.mcp.server import serve_store
+    if args.action == "tasks-from-runs":
+        return _tasks_from_runs(_options("TasksFromRunsOptions", args, "trajectories", "out", "task_ids",
+                                         "min_reward"))
+    from specagent.envs.mcp import server
 
-    opts = _options("ServeMcpOptions", args, "domain", "http", "lie")
-    serve_store(http_port=opts.http, lie=opts.lie)
+    opts = _options("ServeMcpOptions", args, "domain", "data_dir", "http", "lie")
+    mcp_server = server.store_server(opts.lie) if opts.domain == "builtin" else server.airline_server(
+        opts.data_dir, opts.lie)
+    server.serve(mcp_server, http_port=opts.http)
+    return 0
+
+
+def _block_dumper():
+    import yaml
+
+    class BlockDumper(yaml.SafeDumper):
+        """Multi-line strings (a policy, a long request) as readable `|` blocks."""
+
+    def text(dumper, value):
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    BlockDumper.add_representer(str, text)
+    return BlockDumper
+
+
+def _tasks_from_runs(opts) -> int:
+    import json
+
+    import yaml
+
+    from specagent.envs.mcp.from_runs import tasks_from_runs
+    from specagent.records.trajectories import atomic_write_text, read_trajectories
+
+    made = tasks_from_runs(read_trajectories(opts.trajectories), opts.task_ids, opts.min_reward)
+    if not made.tasks:
+        raise ConfigError(f"{opts.trajectories}: no run left to make a task of ({dict(made.left_out)})")
+    if opts.out.endswith(".jsonl"):
+        text = "".join(json.dumps(task, ensure_ascii=False) + "\n" for task in made.tasks)
+    else:
+        text = yaml.dump(made.tasks, Dumper=_block_dumper(), sort_keys=False, allow_unicode=True, width=100)
+    atomic_write_text(opts.out, text)
+    writes = sum(len(task["gold_actions"]) for task in made.tasks)
+    left = ", ".join(f"{n} {why}" for why, n in sorted(made.left_out.items())) or "none"
+    print(f"{len(made.tasks)} tasks -> {opts.out} ({writes} gold writes; "
+          f"{sum(1 for t in made.tasks if not t['gold_actions'])} tasks expect no write); runs left out: {left}")
     return 0
 
 
@@ -259,10 +301,20 @@ def _add_env_args(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     help_text = "serve an environment's tools as an MCP server (stdio, or streamable HTTP with --http)"
     serve = actions.add_parser("serve-mcp", help=help_text, description=help_text)
-    serve.add_argument("domain", choices=["builtin"], help="builtin: the built-in store domain")
+    serve.add_argument("domain", choices=["builtin", "airline"],
+                       help="builtin: the built-in store domain; airline: tau-bench's airline tools (--data-dir)")
+    serve.add_argument("--data-dir", help="airline: the tau-bench airline database (flights.json, users.json, ...)")
     serve.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP at http://127.0.0.1:PORT/mcp")
     serve.add_argument("--lie", action="append", default=[], metavar="TOOL",
                        help="(tests) declare this write tool read-only, to check that a user's write: list wins")
+    help_text = ("MCP tasks from a strong model's successful runs: request, followups (the user's later "
+                 "messages) and gold_actions (the run's successful writes)")
+    runs = actions.add_parser("tasks-from-runs", help=help_text, description=help_text)
+    runs.add_argument("trajectories", help="trajectories.jsonl (from `specagent import` or `collect`)")
+    runs.add_argument("--out", "-o", required=True, help="tasks file to write: .yaml/.yml, or .jsonl")
+    runs.add_argument("--task-ids", nargs="+", help="only the runs of these task ids (an unknown id is an error)")
+    runs.add_argument("--min-reward", type=lambda v: None if v == "none" else float(v), default=1.0,
+                      help="keep runs with at least this reward, where one is recorded (default 1.0; none: all)")
     help_text = "list an environment's tasks: id, category, opening request; a count per category"
     tasks = actions.add_parser("tasks", help=help_text, description=help_text)
     tasks.add_argument("domain", choices=["store"], help="store: the built-in store domain")
@@ -291,7 +343,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, Callable]] =
                "behind a smoke gate that loads it in vLLM", _add_export_args),
     "import": (cmd_import, "import agent logs (OpenAI chat JSONL, tau-bench, tau2-bench) as trajectories.jsonl",
                _add_import_args),
-    "env": (cmd_env, "environment utilities: serve the built-in store domain as an MCP server, list its tasks",
+    "env": (cmd_env, "environment utilities: serve a built-in domain as an MCP server, list its tasks, make MCP "
+            "tasks from runs",
             _add_env_args),
     "serve": (cmd_serve, "serve the runtime over HTTP: episodes, OpenAI-compatible chat completions, metrics",
               _add_config_args),

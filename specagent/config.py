@@ -460,11 +460,29 @@ class EnvTasksOptions(Strict):
 
 
 class ServeMcpOptions(Strict):
-    """`specagent env serve-mcp builtin`: the store's tools as an MCP server."""
+    """`specagent env serve-mcp builtin|airline`: a built-in domain's tools as an MCP server."""
 
-    domain: Literal["builtin"]
+    domain: Literal["builtin", "airline"]
+    data_dir: Optional[str] = None  # airline: the tau-bench airline database
     http: Optional[int] = Field(None, gt=0, lt=65536)  # streamable HTTP on this port; None: stdio
     lie: list[str] = Field(default_factory=list)  # (tests) write tools declared read-only
+
+    @model_validator(mode="after")
+    def _data_dir(self) -> "ServeMcpOptions":
+        if self.domain == "airline" and not self.data_dir:
+            raise ValueError("airline needs --data-dir (the tau-bench airline database: flights.json, ...)")
+        if self.domain == "builtin" and self.data_dir:
+            raise ValueError("--data-dir is for airline; the built-in store has its own database")
+        return self
+
+
+class TasksFromRunsOptions(Strict):
+    """`specagent env tasks-from-runs`: MCP tasks from a strong model's successful runs."""
+
+    trajectories: str
+    out: str
+    task_ids: Optional[list[str]] = None  # None: every task
+    min_reward: Optional[float] = 1.0  # None: every run; runs without a reward are kept
 
 
 def load_options(schema: type[C], values: dict[str, Any], command: str) -> C:

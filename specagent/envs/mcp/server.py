@@ -1,16 +1,20 @@
-"""The built-in store domain as an MCP server: `specagent env serve-mcp builtin`.
+"""A built-in domain's tools as an MCP server: `specagent env serve-mcp builtin|airline`.
 
-Each store tool keeps its JSON schema, and its ``readOnlyHint`` comes from the store's
-read-only declaration. A call the store refuses comes back as an error result
-(``isError``) whose text is the store's message without its "Error: " prefix. The
+``builtin`` is the store; ``airline`` is tau-bench's airline tools over the user's copy of
+its database (``--data-dir``), the stand-in for "your own server" in docs/own-domain.md.
+Each tool keeps its JSON schema, and its ``readOnlyHint`` comes from the domain's
+read-only declaration. A call the domain refuses comes back as an error result
+(``isError``) whose text is the domain's message without its "Error: " prefix. The store
 server's instructions are the store's policy, so a client can use them as the system
-prompt. ``lie`` (tests only) declares some write tools read-only, to show that a
-user's ``write:`` list beats a server's hint.
+prompt (the airline server has none: its policy is the task's ``system``). ``lie`` (tests
+only) declares some write tools read-only, to show that a user's ``write:`` list beats a
+server's hint. One server process holds one database: restart it per task
+(``restart_each_task``) for a fresh one.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import anyio
 import mcp_types as types
@@ -19,19 +23,18 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from specagent.core.errors import ConfigError
-from specagent.core.types import ToolCall
+from specagent.core.types import ToolCall, ToolSpec
 from specagent.envs.store import POLICY, StoreEnv
 
 ERROR_PREFIX = "Error: "
 
 
-def store_server(lie: Sequence[str] = ()) -> Server:
-    """A low-level MCP server over one fresh store database."""
-    env = StoreEnv()
-    specs = env.tool_specs()
+def tools_server(name: str, specs: Sequence[ToolSpec], execute: Callable[[ToolCall], str],
+                 instructions: str | None = None, lie: Sequence[str] = ()) -> Server:
+    """A low-level MCP server over ``specs``, each call answered by ``execute``."""
     unknown = sorted(set(lie) - {spec.name for spec in specs})
     if unknown:
-        raise ConfigError(f"--lie: the store has no tool {', '.join(unknown)}")
+        raise ConfigError(f"--lie: the {name} domain has no tool {', '.join(unknown)}")
     tools = [
         types.Tool(
             name=spec.name,
@@ -48,17 +51,31 @@ def store_server(lie: Sequence[str] = ()) -> Server:
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> types.CallToolResult:
-        text = env.execute(ToolCall(id="", name=params.name, arguments=params.arguments or {}))
+        text = execute(ToolCall(id="", name=params.name, arguments=params.arguments or {}))
         failed = text.startswith(ERROR_PREFIX)
         text = text[len(ERROR_PREFIX):] if failed else text
         return types.CallToolResult(content=[types.TextContent(text=text)], is_error=failed)
 
-    return Server("specagent-store", instructions=POLICY, on_list_tools=list_tools, on_call_tool=call_tool)
+    return Server(f"specagent-{name}", instructions=instructions, on_list_tools=list_tools, on_call_tool=call_tool)
 
 
-def serve_store(http_port: int | None = None, lie: Sequence[str] = ()) -> None:
-    """Serve the store over stdio, or over streamable HTTP at http://127.0.0.1:PORT/mcp."""
-    server = store_server(lie)
+def store_server(lie: Sequence[str] = ()) -> Server:
+    """The store's tools over one fresh store database."""
+    env = StoreEnv()
+    return tools_server("store", env.tool_specs(), env.execute, POLICY, lie)
+
+
+def airline_server(data_dir: str, lie: Sequence[str] = ()) -> Server:
+    """tau-bench's airline tools over one fresh copy of the database in ``data_dir``."""
+    from specagent.envs.airline.data import load_airline_data
+    from specagent.envs.airline.tools import TOOL_SPECS, run_tool
+
+    db = load_airline_data(data_dir).fresh_db()
+    return tools_server("airline", TOOL_SPECS, lambda call: run_tool(db, call.name, call.arguments), lie=lie)
+
+
+def serve(server: Server, http_port: int | None = None) -> None:
+    """Serve over stdio, or over streamable HTTP at http://127.0.0.1:PORT/mcp."""
     if http_port is None:
         anyio.run(_serve_stdio, server)
         return
