@@ -174,6 +174,20 @@ class EnvConfig(Strict):
             raise ValueError("`name: mcp` needs an `mcp:` section with its `servers:` and `tasks_path:`")
         return self
 
+    def rerun_hazard(self) -> str | None:
+        """Why running an episode again may not start from a fresh state, or None.
+
+        The store and airline build a fresh database per episode; an MCP stdio server
+        restarted per task does too. Any other MCP server keeps what an interrupted episode
+        wrote, so a rerun would make its writes a second time."""
+        if self.name != "mcp" or self.mcp is None:
+            return None
+        kept = [server.name for server in self.mcp.servers if not server.restart_each_task]
+        if not kept:
+            return None
+        return (f"MCP server(s) {', '.join(kept)} keep their state across episodes (an HTTP `url`, or stdio "
+                "without `restart_each_task`): an interrupted episode's writes may already have happened there")
+
 
 class VerifierConfig(Strict):
     """How the strong model judges a drafted segment: a decoded verdict, a trained head, or

@@ -17,6 +17,7 @@ import pytest
 
 from specagent.cli import main
 from specagent.config import CollectConfig, EvalConfig, MineConfig, load_config
+from specagent.core.errors import SpecAgentError
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Trajectory
 from specagent.data.stage import collect_from_config, mine_from_config
@@ -189,6 +190,26 @@ def test_an_actor_dying_mid_eval_loses_and_duplicates_nothing(cluster, evaluated
     assert "actors lost 1, items resubmitted 1" in capsys.readouterr().err
     assert by_key(tmp_path / "out" / "episodes.jsonl") == evaluated_here[0]
     assert successes(report) == successes(evaluated_here[1])
+
+
+def test_an_episode_on_a_stateful_mcp_server_is_never_run_twice(cluster, tmp_path, capsys):
+    """An MCP server that keeps its state (no restart_each_task) may hold the writes of the
+    episode an actor died in: the run stops instead of making them again; resuming after a
+    look at the server goes on with the episodes not yet written. (`capsys`: the stdio client
+    must start its server while sys.stderr is a stream without a file descriptor.)"""
+    mcp = {"servers": [{"name": "store", "command": [sys.executable, "-m", "specagent", "env", "serve-mcp", "builtin"]}],
+           "tasks_path": str(ROOT / "configs" / "tasks" / "store_mcp.jsonl")}
+    overrides = [f"output_dir={tmp_path / 'out'}", f"env={json.dumps({'name': 'mcp', 'mcp': mcp})}",
+                 'arms=[{"name": "strong", "mode": "strong"}]', f"executor={json.dumps(RAY)}"]
+    cfg = load_config(EvalConfig, EVAL_CONFIG, overrides)
+    assert "store keep their state" in cfg.env.rerun_hazard()
+    with pytest.raises(SpecAgentError, match="not resubmitted: MCP server"):
+        eval_from_config(cfg, worker=dying(EpisodeWorker, tmp_path / "died", "run", at_call=2))
+    written = read_episodes(tmp_path / "out" / "episodes.jsonl")
+    assert len(written) < 4 and len({r["task_id"] for r in written}) == len(written)
+    restarted = {**mcp, "servers": [{**mcp["servers"][0], "restart_each_task": True}]}
+    assert load_config(EvalConfig, EVAL_CONFIG, [f"env={json.dumps({'name': 'mcp', 'mcp': restarted})}"]
+                       ).env.rerun_hazard() is None
 
 
 def test_collect_on_ray_writes_the_same_trajectories(cluster, tmp_path):

@@ -111,7 +111,8 @@ def run_jobs_on_ray(plan: EpisodePlan, jobs: Sequence[EpisodeJob], out_path: str
         return records
     started = connect(executor)
     try:
-        with ActorPool(worker, (plan,), executor, per_actor=plan.concurrency) as pool:
+        with ActorPool(worker, (plan,), executor, per_actor=plan.concurrency,
+                       no_resubmit=plan.env.rerun_hazard()) as pool:
             progress = Progress("episodes")
             records += _gather(pool, todo, out_path, done, progress)
             print(progress.line(pool), file=sys.stderr)

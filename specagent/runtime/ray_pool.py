@@ -10,7 +10,9 @@ the stage, which writes them through its resumable file. Hence:
 - an actor that dies (its process, its node) loses only the items it was running: it is
   replaced by a fresh one and those items are resubmitted, each at most `max_retries` times.
   An item runs on one actor at a time and its result is handed over once, so nothing is
-  lost and nothing is written twice;
+  lost and nothing is written twice. An item with side effects outside the actor (an
+  episode on an MCP server that keeps its state) is never resubmitted: the run stops
+  (`no_resubmit` says why);
 - an error the worker itself raises (a bad prompt, a bug) is not retried: it stops the run
   as it would locally, with every result handed over so far kept.
 
@@ -71,10 +73,12 @@ class ActorPool(Generic[Item]):
     ``executor.num_cpus`` / ``num_gpus``. Use as a context manager: leaving it kills the
     actors (after the last item, an error, or Ctrl-C), so no actor outlives its driver."""
 
-    def __init__(self, worker_cls: type, args: tuple, executor: ExecutorConfig, per_actor: int = 1) -> None:
+    def __init__(self, worker_cls: type, args: tuple, executor: ExecutorConfig, per_actor: int = 1,
+                 no_resubmit: str | None = None) -> None:
         self._ray = require_ray()
         self._executor = executor
         self.per_actor = per_actor
+        self.no_resubmit = no_resubmit  # why an item must not run twice (its side effects stay): stop instead
         self._remote = self._ray.remote(worker_cls).options(
             num_cpus=executor.num_cpus, num_gpus=executor.num_gpus, max_concurrency=per_actor)
         self._args = args
@@ -109,6 +113,10 @@ class ActorPool(Generic[Item]):
                 result = self._ray.get(ready[0])
             except self._ray.exceptions.RayActorError as err:
                 self._lost(slot, actor, err)
+                if self.no_resubmit:
+                    raise SpecAgentError(f"{_short(items[n])} was running on an actor that died, and is not "
+                                         f"resubmitted: {self.no_resubmit}. Check that state, then rerun the "
+                                         "command to resume the items not yet written.") from None
                 tries[n] += 1
                 if tries[n] > self._executor.max_retries:
                     raise SpecAgentError(f"{_short(items[n])} failed on {tries[n]} actors that died running it "

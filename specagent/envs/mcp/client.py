@@ -13,13 +13,15 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import os
 import sys
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TextIO, TypeVar
 
 import mcp_types as types
 from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 from specagent.core.errors import ConfigError
 from specagent.core.types import ToolSpec
@@ -73,12 +75,26 @@ def result_text(result: types.CallToolResult) -> str:
     return "\n".join(b.text if isinstance(b, types.TextContent) else f"[{b.type} content]" for b in result.content)
 
 
-def _target(settings: McpServer) -> StdioServerParameters | str:
+def _errlog() -> TextIO:
+    """Where a stdio server's stderr goes: ours, when it is a real file. In a notebook, or
+    under output capture, `sys.stderr` has no file descriptor for the subprocess to write
+    to, so the process's own stderr is used (else the null device)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            stream.fileno()
+            return stream
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+            continue
+    return open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server
+
+
+def _target(settings: McpServer) -> Any:
+    """What `Client` connects to: the URL, or the stdio transport of the command."""
     if settings.url is not None:
         return settings.url
     program, *args = settings.command or []
     program = sys.executable if program == "python" else program
-    return StdioServerParameters(command=program, args=args, env=settings.env or None)
+    return stdio_client(StdioServerParameters(command=program, args=args, env=settings.env or None), errlog=_errlog())
 
 
 def _root_cause(err: BaseException) -> BaseException:
