@@ -195,7 +195,7 @@ def test_an_actor_dying_mid_eval_loses_and_duplicates_nothing(cluster, evaluated
 def test_an_episode_on_a_stateful_mcp_server_is_never_run_twice(cluster, tmp_path, capsys):
     """An MCP server that keeps its state (no restart_each_task) may hold the writes of the
     episode an actor died in: the run stops instead of making them again; resuming after a
-    look at the server goes on with the episodes not yet written. (`capsys`: the stdio client
+    look at the server (deleting the journal's lines) goes on. (`capsys`: the stdio client
     must start its server while sys.stderr is a stream without a file descriptor.)"""
     mcp = {"servers": [{"name": "store", "command": [sys.executable, "-m", "specagent", "env", "serve-mcp", "builtin"]}],
            "tasks_path": str(ROOT / "configs" / "tasks" / "store_mcp.jsonl")}
@@ -207,6 +207,8 @@ def test_an_episode_on_a_stateful_mcp_server_is_never_run_twice(cluster, tmp_pat
         eval_from_config(cfg, worker=dying(EpisodeWorker, tmp_path / "died", "run", at_call=2))
     written = read_episodes(tmp_path / "out" / "episodes.jsonl")
     assert len(written) < 4 and len({r["task_id"] for r in written}) == len(written)
+    with pytest.raises(SpecAgentError, match="started and never finished"):  # nor by a plain resume
+        eval_from_config(cfg)
     restarted = {**mcp, "servers": [{**mcp["servers"][0], "restart_each_task": True}]}
     assert load_config(EvalConfig, EVAL_CONFIG, [f"env={json.dumps({'name': 'mcp', 'mcp': restarted})}"]
                        ).env.rerun_hazard() is None

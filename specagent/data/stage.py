@@ -160,7 +160,8 @@ def _collect_here(cfg: CollectConfig, env: Any, tasks: list[str], episodes: Path
         strong = (batching_engines(engines) if cfg.concurrency > 1 else engines)["strong"]
         return run_tasks(env, tasks, ["strong"], Models(strong=strong), protocol_config(cfg.protocol, cfg.env),
                          episodes, trials=cfg.trials, model_names={"strong": strong.model_name},
-                         concurrency=cfg.concurrency, env_factory=lambda: build_env(cfg.env))
+                         concurrency=cfg.concurrency, env_factory=lambda: build_env(cfg.env),
+                         rerun_hazard=cfg.env.rerun_hazard())
     finally:
         pool.close()
 

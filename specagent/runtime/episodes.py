@@ -51,6 +51,49 @@ def read_episodes(path: str | Path) -> list[dict[str, Any]]:
                             "(every episode reruns)") from None
 
 
+class StartJournal:
+    """Which episodes started, beside the episodes file, for environments where running an
+    episode again does not start from a fresh state (`EnvConfig.rerun_hazard`: an MCP server
+    that keeps what it was told). An episode that started and never finished (a killed run)
+    may have made its writes; a resume does not run it again until the user has looked at
+    the server and deleted its line here (or the file)."""
+
+    def __init__(self, episodes_path: Path, hazard: str | None) -> None:
+        self.path = episodes_path.with_name(episodes_path.stem + ".started.jsonl")
+        self.hazard = hazard
+
+    def check(self, done: set[tuple[str, str, int]]) -> None:
+        """Raise when an episode started and did not finish; nothing to do without a hazard."""
+        if self.hazard is None or not self.path.exists():
+            return
+        started = {(str(k[0]), str(k[1]), int(k[2])) for k in read_jsonl_lines(self.path)}
+        interrupted = sorted(started - done)
+        if interrupted:
+            named = ", ".join(f"task {t} ({arm}, trial {trial})" for t, arm, trial in interrupted[:5])
+            more = f" and {len(interrupted) - 5} more" if len(interrupted) > 5 else ""
+            raise SpecAgentError(
+                f"{len(interrupted)} episode(s) started and never finished: {named}{more}. {self.hazard}. Check "
+                f"that state; then delete their lines in {self.path} (or the file) to run them again")
+
+    def mark(self, job: "EpisodeJob") -> None:
+        """On disk before the episode's first tool call."""
+        if self.hazard is None:
+            return
+        with self.path.open("a") as sink:
+            append_record(sink, list(job.key))
+
+
+def read_jsonl_lines(path: Path) -> list[Any]:
+    """The JSON values of a journal's whole lines (a torn last line is dropped)."""
+    values = []
+    for line in path.read_text().splitlines():
+        try:
+            values.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return values
+
+
 @dataclass(frozen=True)
 class EpisodeJob:
     """One episode to run: a task in a mode, its trial, and the eval arm it belongs to."""
@@ -114,6 +157,7 @@ def run_tasks(
     arm: str | None = None,
     concurrency: int = 1,
     env_factory: Callable[[], Environment] | None = None,
+    rerun_hazard: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run every (trial, mode, task) not yet in ``out_path``; returns all records in the file.
 
@@ -126,17 +170,24 @@ def run_tasks(
     which must be safe to call from threads: put local engines behind `BatchingEngine`s
     (`batching_engines`), whose engine calls then carry the requests of all the episodes.
     Records are appended whole, in the order episodes finish. After an error the other
-    threads finish their episodes (kept on disk) and stop; then the error is raised."""
+    threads finish their episodes (kept on disk) and stop; then the error is raised.
+
+    ``rerun_hazard`` (`EnvConfig.rerun_hazard`): why an interrupted episode must not simply
+    run again; the episodes' starts are then journalled (`StartJournal`)."""
     if concurrency > 1 and env_factory is None:
         raise ValueError("run_tasks: concurrency > 1 needs env_factory (one environment per thread)")
     out_path = Path(out_path)
     records = resumable_records(out_path)
     done = {episode_key(r) for r in records}
+    journal = StartJournal(out_path, rerun_hazard)
+    journal.check(done)
     todo = [job for job in episode_jobs(task_ids, modes, trials, arm) if job.key not in done]
     lock = threading.Lock()
     with out_path.open("a") as sink, tqdm(total=len(todo), desc=arm or "episodes", unit="ep", file=sys.stderr) as bar:
 
         def run_one(env: Environment, job: EpisodeJob) -> Environment:
+            with lock:
+                journal.mark(job)
             ep, record = play_episode(env, job, models, protocol, model_names or {})
             with lock:  # one whole line at a time
                 append_record(sink, record)

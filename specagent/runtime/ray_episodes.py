@@ -25,7 +25,14 @@ from specagent.core.protocol import Models, ProtocolConfig
 from specagent.engines import EnginePool
 from specagent.engines.batching import BatchingEngine, CallerGroup
 from specagent.runtime.assembly import build_env, build_models, scripted_policy
-from specagent.runtime.episodes import EpisodeJob, append_record, episode_key, play_episode, resumable_records
+from specagent.runtime.episodes import (
+    EpisodeJob,
+    StartJournal,
+    append_record,
+    episode_key,
+    play_episode,
+    resumable_records,
+)
 from specagent.runtime.ray_pool import ActorPool, Progress, connect, shutdown_if
 
 
@@ -106,6 +113,8 @@ def run_jobs_on_ray(plan: EpisodePlan, jobs: Sequence[EpisodeJob], out_path: str
     out_path = Path(out_path)
     records = resumable_records(out_path)
     done = {episode_key(r) for r in records}
+    journal = StartJournal(out_path, plan.env.rerun_hazard())
+    journal.check(done)
     todo = [job for job in jobs if job.key not in done]
     if not todo:
         return records
@@ -114,19 +123,19 @@ def run_jobs_on_ray(plan: EpisodePlan, jobs: Sequence[EpisodeJob], out_path: str
         with ActorPool(worker, (plan,), executor, per_actor=plan.concurrency,
                        no_resubmit=plan.env.rerun_hazard()) as pool:
             progress = Progress("episodes")
-            records += _gather(pool, todo, out_path, done, progress)
+            records += _gather(pool, todo, out_path, done, progress, journal)
             print(progress.line(pool), file=sys.stderr)
     finally:
         shutdown_if(started)
     return records
 
 
-def _gather(pool: ActorPool, todo: Sequence[EpisodeJob], out_path: Path, done: set, progress: Progress
-            ) -> list[dict[str, Any]]:
+def _gather(pool: ActorPool, todo: Sequence[EpisodeJob], out_path: Path, done: set, progress: Progress,
+            journal: StartJournal) -> list[dict[str, Any]]:
     """Append each record as it arrives, once per resume key."""
     new = []
     with out_path.open("a") as sink, tqdm(total=len(todo), desc="episodes on ray", unit="ep", file=sys.stderr) as bar:
-        for job, record in pool.map("run", todo):
+        for job, record in pool.map("run", todo, on_submit=journal.mark):
             if job.key in done:  # the pool hands a result over once; a key is never written twice
                 continue
             append_record(sink, record)

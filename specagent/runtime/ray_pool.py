@@ -25,7 +25,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Generic, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 from specagent.config import ExecutorConfig
 from specagent.core.errors import SpecAgentError
@@ -79,6 +79,7 @@ class ActorPool(Generic[Item]):
         self._executor = executor
         self.per_actor = per_actor
         self.no_resubmit = no_resubmit  # why an item must not run twice (its side effects stay): stop instead
+        self._on_submit: Callable[[Item], None] | None = None
         self._remote = self._ray.remote(worker_cls).options(
             num_cpus=executor.num_cpus, num_gpus=executor.num_gpus, max_concurrency=per_actor)
         self._args = args
@@ -100,8 +101,11 @@ class ActorPool(Generic[Item]):
         for actor in self.actors:
             self._ray.kill(actor, no_restart=True)
 
-    def map(self, method: str, items: Sequence[Item]) -> Iterator[tuple[Item, Any]]:
-        """(item, ``worker.method(item)``) for every item, in the order they finish."""
+    def map(self, method: str, items: Sequence[Item],
+            on_submit: Callable[[Item], None] | None = None) -> Iterator[tuple[Item, Any]]:
+        """(item, ``worker.method(item)``) for every item, in the order they finish;
+        ``on_submit(item)`` runs just before an item goes to an actor."""
+        self._on_submit = on_submit
         queue: deque[int] = deque(range(len(items)))
         inflight: dict[Any, tuple[int, int, Any]] = {}  # ref -> (item index, actor slot, actor)
         tries = [0] * len(items)
@@ -136,6 +140,8 @@ class ActorPool(Generic[Item]):
         for slot, actor in enumerate(self.actors):
             while queue and busy[slot] < self.per_actor:
                 n = queue.popleft()
+                if self._on_submit is not None:
+                    self._on_submit(items[n])
                 inflight[getattr(actor, method).remote(items[n])] = (n, slot, actor)
                 busy[slot] += 1
 

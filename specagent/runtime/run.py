@@ -33,7 +33,8 @@ def run_from_config(cfg: RunConfig) -> dict[str, Any]:
         began = time.perf_counter()
         records = run_tasks(env, tasks, [cfg.mode], models, protocol_config(cfg.protocol, cfg.env), episodes,
                             trials=cfg.trials, model_names=names, on_episode=on_episode,
-                            concurrency=cfg.concurrency, env_factory=lambda: build_env(cfg.env))
+                            concurrency=cfg.concurrency, env_factory=lambda: build_env(cfg.env),
+                            rerun_hazard=cfg.env.rerun_hazard())
         rate = throughput(len(finished), time.perf_counter() - began, cfg.concurrency, models)
     finally:
         pool.close()

@@ -14,7 +14,7 @@ import mcp_types as types
 import pytest
 
 from specagent.config import EnvConfig, McpEnvSettings, McpServerSettings, RunConfig, load_config
-from specagent.core.errors import ConfigError, TaskFileError
+from specagent.core.errors import ConfigError, SpecAgentError, TaskFileError
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Message, StepStatus, ToolCall
 from specagent.engines.scripted import ScriptedEngine, ScriptedVerifier
@@ -273,6 +273,33 @@ def test_the_shipped_run_config_runs_the_store_over_mcp(tmp_path):
                    cwd=ROOT, check=True, capture_output=True, timeout=120)  # fmt: skip
     episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert [(e["task_id"], e["reward"]) for e in episodes] == [("lookup_01", 1.0), ("single_write_01", 1.0)]
+
+
+def test_an_interrupted_episode_on_a_stateful_server_is_not_rerun_unasked(tmp_path):
+    """A server that keeps its state (no restart_each_task) may hold the writes of an episode
+    a killed run left unfinished: the resume stops and names it until its journal line is
+    deleted. A server restarted per task keeps no journal: a fresh state each time."""
+    from specagent.runtime.run import run_from_config
+
+    config = ROOT / "configs" / "run" / "store_mcp_scripted.yaml"
+    out = tmp_path / "run"
+    servers = 'env.mcp.servers=[{"name": "store", "command": ["python", "-m", "specagent", "env", "serve-mcp", "builtin"]}]'
+    stateful = load_config(RunConfig, config, [f"output_dir={out}", "env.limit=2", servers])
+    run_from_config(stateful)
+    journal = out / "episodes.started.jsonl"
+    assert [json.loads(line) for line in journal.read_text().splitlines()] == [
+        ["lookup_01", "specagent", 0], ["single_write_01", "specagent", 0]]
+    with journal.open("a") as f:  # as a run killed mid-episode leaves it: started, never finished
+        f.write(json.dumps(["policy_forbids_01", "specagent", 0]) + "\n")
+    more = load_config(RunConfig, config, [f"output_dir={out}", "env.limit=3", servers])
+    with pytest.raises(SpecAgentError, match=r"1 episode\(s\) started and never finished: task policy_forbids_01"):
+        run_from_config(more)
+    journal.write_text("".join(line + "\n" for line in journal.read_text().splitlines()[:2]))
+    run_from_config(more)  # the user looked and deleted the line: it runs
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 3
+    fresh = tmp_path / "fresh"
+    run_from_config(load_config(RunConfig, config, [f"output_dir={fresh}", "env.limit=1"]))
+    assert not (fresh / "episodes.started.jsonl").exists()
 
 
 def free_port() -> int:
