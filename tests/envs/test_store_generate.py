@@ -6,7 +6,6 @@ import collections
 import hashlib
 import json
 import re
-import time
 
 import pytest
 
@@ -62,14 +61,13 @@ def user_of(task: dict, db: dict) -> str:
 # ---------------------------------------------------------------- the extended database
 
 
-def test_extended_db_is_deterministic_fast_and_pinned():
-    start = time.perf_counter()
+def test_extended_db_is_deterministic_and_pinned():
+    """Built at first use (~10 ms here), never shipped as a file: the same bytes every time.
+    (No wall-time bound: on a loaded CI machine any absolute figure is noise.)"""
     first = generate.build_extended_db()
-    seconds = time.perf_counter() - start
     second = generate.build_extended_db()
     assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
     assert canonical_hash(first) == DB_HASH == canonical_hash(generate.extended_db())
-    assert seconds < 0.5, seconds  # ~10 ms: built at first use, never shipped as a file
 
 
 def test_extended_db_keeps_the_seed_and_adds_hundreds_of_users():
