@@ -51,3 +51,12 @@ class EpisodeRecord(Record):
     def key(self) -> tuple[str, str, int]:
         """(task, arm, trial): what a resumed run skips."""
         return self.task_id, self.arm, self.trial
+
+
+class StartedEpisode(Record):
+    """One line of `episodes.started.jsonl`: an episode that began (runtime/episodes.py,
+    `StartJournal`), keyed as its finished record would be."""
+
+    task_id: str
+    arm: str
+    trial: int

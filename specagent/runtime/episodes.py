@@ -24,7 +24,7 @@ from specagent.core.interfaces import Environment
 from specagent.core.protocol import Episode, Models, ProtocolConfig, run_episode
 from specagent.engines.batching import BatchingEngine, CallerGroup
 from specagent.records.base import read_jsonl
-from specagent.records.episodes import EpisodeRecord
+from specagent.records.episodes import EpisodeRecord, StartedEpisode
 
 
 def episode_record(ep: Episode, trial: int, models: dict[str, str], arm: str | None = None) -> dict[str, Any]:
@@ -66,8 +66,8 @@ class StartJournal:
         """Raise when an episode started and did not finish; nothing to do without a hazard."""
         if self.hazard is None or not self.path.exists():
             return
-        started = {(str(k[0]), str(k[1]), int(k[2])) for k in read_jsonl_lines(self.path)}
-        interrupted = sorted(started - done)
+        lines = read_jsonl(self.path, StartedEpisode, "episode start journal", torn_tail_ok=True)
+        interrupted = sorted({(e.task_id, e.arm, e.trial) for e in lines} - done)
         if interrupted:
             named = ", ".join(f"task {t} ({arm}, trial {trial})" for t, arm, trial in interrupted[:5])
             more = f" and {len(interrupted) - 5} more" if len(interrupted) > 5 else ""
@@ -79,19 +79,9 @@ class StartJournal:
         """On disk before the episode's first tool call."""
         if self.hazard is None:
             return
+        task_id, arm, trial = job.key
         with self.path.open("a") as sink:
-            append_record(sink, list(job.key))
-
-
-def read_jsonl_lines(path: Path) -> list[Any]:
-    """The JSON values of a journal's whole lines (a torn last line is dropped)."""
-    values = []
-    for line in path.read_text().splitlines():
-        try:
-            values.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return values
+            append_record(sink, StartedEpisode(task_id=task_id, arm=arm, trial=trial).dump())
 
 
 @dataclass(frozen=True)

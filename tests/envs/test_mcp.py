@@ -288,9 +288,10 @@ def test_an_interrupted_episode_on_a_stateful_server_is_not_rerun_unasked(tmp_pa
     run_from_config(stateful)
     journal = out / "episodes.started.jsonl"
     assert [json.loads(line) for line in journal.read_text().splitlines()] == [
-        ["lookup_01", "specagent", 0], ["single_write_01", "specagent", 0]]
+        {"task_id": "lookup_01", "arm": "specagent", "trial": 0},
+        {"task_id": "single_write_01", "arm": "specagent", "trial": 0}]
     with journal.open("a") as f:  # as a run killed mid-episode leaves it: started, never finished
-        f.write(json.dumps(["policy_forbids_01", "specagent", 0]) + "\n")
+        f.write(json.dumps({"task_id": "policy_forbids_01", "arm": "specagent", "trial": 0}) + "\n")
     more = load_config(RunConfig, config, [f"output_dir={out}", "env.limit=3", servers])
     with pytest.raises(SpecAgentError, match=r"1 episode\(s\) started and never finished: task policy_forbids_01"):
         run_from_config(more)
