@@ -85,3 +85,10 @@ def drafted(message: Message, read_only: dict[str, bool], malformed: str | None)
     if kind is StepKind.MALFORMED and malformed is None:
         malformed = "empty step"
     return DraftedStep(message=message, kind=kind, malformed=malformed)
+
+
+def changed_state(read_only: bool | None, observation: str) -> bool:
+    """Whether a recorded call changed the state: a tool not known to be read-only (unknown
+    means write) whose result is not an error ("Error..."). Replay tracks state by these
+    calls; tasks made from runs take them as gold."""
+    return not read_only and not observation.startswith("Error")

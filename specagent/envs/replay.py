@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence
 
 from specagent.core.canonical import canonical_call
-from specagent.core.classify import classify_tools
+from specagent.core.classify import changed_state, classify_tools
 from specagent.core.interfaces import Reward
 from specagent.core.types import Message, ToolCall, ToolSpec, Trajectory, union_tools
 
@@ -263,7 +263,7 @@ class ReplayEnv:
         return out
 
     def _changes_state(self, tool: str, observation: str) -> bool:
-        return not self._read_only.get(tool, False) and not observation.startswith("Error")
+        return changed_state(self._read_only.get(tool), observation)
 
     def _lookup(self, trajectory: Trajectory, key: str) -> str | None:
         """The observation recorded for ``key`` at the current state (the module docstring's rule), or None."""

@@ -16,10 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from specagent.core.classify import changed_state
 from specagent.core.errors import ConfigError
 from specagent.core.types import Trajectory
-
-ERROR_PREFIX = "Error"
 
 
 @dataclass
@@ -38,7 +37,7 @@ def gold_writes(traj: Trajectory) -> list[dict[str, Any]]:
         {"name": call.name, "arguments": call.arguments}
         for message in traj.messages if message.role == "assistant"
         for call in message.tool_calls
-        if not read_only.get(call.name) and not observations.get(call.id, "").startswith(ERROR_PREFIX)
+        if changed_state(read_only.get(call.name), observations.get(call.id, ""))
     ]
 
 
