@@ -153,36 +153,14 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _block_dumper():
-    import yaml
-
-    class BlockDumper(yaml.SafeDumper):
-        """Multi-line strings (a policy, a long request) as readable `|` blocks."""
-
-    def text(dumper, value):
-        style = "|" if "\n" in value else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-    BlockDumper.add_representer(str, text)
-    return BlockDumper
-
-
 def _tasks_from_runs(opts) -> int:
-    import json
-
-    import yaml
-
-    from specagent.envs.mcp.from_runs import tasks_from_runs
+    from specagent.envs.mcp.from_runs import tasks_from_runs, tasks_text
     from specagent.records.trajectories import atomic_write_text, read_trajectories
 
     made = tasks_from_runs(read_trajectories(opts.trajectories), opts.task_ids, opts.min_reward)
     if not made.tasks:
         raise ConfigError(f"{opts.trajectories}: no run left to make a task of ({dict(made.left_out)})")
-    if opts.out.endswith(".jsonl"):
-        text = "".join(json.dumps(task, ensure_ascii=False) + "\n" for task in made.tasks)
-    else:
-        text = yaml.dump(made.tasks, Dumper=_block_dumper(), sort_keys=False, allow_unicode=True, width=100)
-    atomic_write_text(opts.out, text)
+    atomic_write_text(opts.out, tasks_text(made.tasks, jsonl=opts.out.endswith(".jsonl")))
     writes = sum(len(task["gold_actions"]) for task in made.tasks)
     left = ", ".join(f"{n} {why}" for why, n in sorted(made.left_out.items())) or "none"
     print(f"{len(made.tasks)} tasks -> {opts.out} ({writes} gold writes; "

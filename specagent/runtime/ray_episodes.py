@@ -113,7 +113,8 @@ def run_jobs_on_ray(plan: EpisodePlan, jobs: Sequence[EpisodeJob], out_path: str
     out_path = Path(out_path)
     records = resumable_records(out_path)
     done = {episode_key(r) for r in records}
-    journal = StartJournal(out_path, plan.env.rerun_hazard())
+    hazard = plan.env.rerun_hazard()
+    journal = StartJournal(out_path, hazard)
     journal.check(done)
     todo = [job for job in jobs if job.key not in done]
     if not todo:
@@ -121,7 +122,7 @@ def run_jobs_on_ray(plan: EpisodePlan, jobs: Sequence[EpisodeJob], out_path: str
     started = connect(executor)
     try:
         with ActorPool(worker, (plan,), executor, per_actor=plan.concurrency,
-                       no_resubmit=plan.env.rerun_hazard()) as pool:
+                       no_resubmit=hazard) as pool:
             progress = Progress("episodes")
             records += _gather(pool, todo, out_path, done, progress, journal)
             print(progress.line(pool), file=sys.stderr)

@@ -79,7 +79,6 @@ class ActorPool(Generic[Item]):
         self._executor = executor
         self.per_actor = per_actor
         self.no_resubmit = no_resubmit  # why an item must not run twice (its side effects stay): stop instead
-        self._on_submit: Callable[[Item], None] | None = None
         self._remote = self._ray.remote(worker_cls).options(
             num_cpus=executor.num_cpus, num_gpus=executor.num_gpus, max_concurrency=per_actor)
         self._args = args
@@ -105,12 +104,11 @@ class ActorPool(Generic[Item]):
             on_submit: Callable[[Item], None] | None = None) -> Iterator[tuple[Item, Any]]:
         """(item, ``worker.method(item)``) for every item, in the order they finish;
         ``on_submit(item)`` runs just before an item goes to an actor."""
-        self._on_submit = on_submit
         queue: deque[int] = deque(range(len(items)))
         inflight: dict[Any, tuple[int, int, Any]] = {}  # ref -> (item index, actor slot, actor)
         tries = [0] * len(items)
         while queue or inflight:
-            self._fill(method, items, queue, inflight)
+            self._fill(method, items, queue, inflight, on_submit)
             ready, _ = self._ray.wait(list(inflight), num_returns=1)
             n, slot, actor = inflight.pop(ready[0])
             try:
@@ -132,7 +130,8 @@ class ActorPool(Generic[Item]):
             self.stats.finished += 1
             yield items[n], result
 
-    def _fill(self, method: str, items: Sequence[Item], queue: deque[int], inflight: dict) -> None:
+    def _fill(self, method: str, items: Sequence[Item], queue: deque[int], inflight: dict,
+              on_submit: Callable[[Item], None] | None) -> None:
         """Give every actor items until it runs ``per_actor`` of them or none is left."""
         busy = [0] * len(self.actors)
         for _, slot, _ in inflight.values():
@@ -140,8 +139,8 @@ class ActorPool(Generic[Item]):
         for slot, actor in enumerate(self.actors):
             while queue and busy[slot] < self.per_actor:
                 n = queue.popleft()
-                if self._on_submit is not None:
-                    self._on_submit(items[n])
+                if on_submit is not None:
+                    on_submit(items[n])
                 inflight[getattr(actor, method).remote(items[n])] = (n, slot, actor)
                 busy[slot] += 1
 

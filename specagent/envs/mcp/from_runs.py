@@ -12,9 +12,12 @@ observation does not start with "Error".
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+import yaml
 
 from specagent.core.classify import changed_state
 from specagent.core.errors import ConfigError
@@ -76,3 +79,20 @@ def tasks_from_runs(trajectories: Sequence[Trajectory], task_ids: Sequence[str] 
         else:
             out.tasks.append(task)
     return out
+
+
+def tasks_text(tasks: Sequence[dict[str, Any]], jsonl: bool = False) -> str:
+    """``tasks`` as a task file `load_tasks` reads: JSONL, or YAML with multi-line strings as
+    readable `|` blocks."""
+    if jsonl:
+        return "".join(json.dumps(task, ensure_ascii=False) + "\n" for task in tasks)
+    return yaml.dump(list(tasks), Dumper=_BlockDumper, sort_keys=False, allow_unicode=True, width=100)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (a policy, a long request) as readable `|` blocks."""
+
+
+_BlockDumper.add_representer(
+    str, lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", value,
+                                                       style="|" if "\n" in value else None))
