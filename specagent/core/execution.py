@@ -45,6 +45,8 @@ class ToolRunner:
                 result["observation"] = str(self._execute(call))
             except Exception as err:  # a tool bug is an observation, never a crash of the episode
                 result["observation"] = f"Error: tool {call.name} failed: {type(err).__name__}: {err}"
+            except BaseException as err:  # SystemExit, KeyboardInterrupt: raised in the episode's thread below
+                result["raised"] = err
 
         thread = threading.Thread(target=target, name=f"specagent-tool-{call.name}", daemon=True)
         thread.start()
@@ -56,6 +58,8 @@ class ToolRunner:
             self._unfinished.append((call.name, thread))
             return ToolOutcome(f"Error: tool {call.name} timed out after {self.timeout_s:g}s; it may still be "
                                "running and its effect is unknown", finished=False, seconds=seconds)
+        if "raised" in result:
+            raise result["raised"]
         return ToolOutcome(str(result["observation"]), finished=True, seconds=seconds)
 
     def still_running(self) -> list[str]:

@@ -63,10 +63,13 @@ class StartJournal:
         self.hazard = hazard
 
     def check(self, done: set[tuple[str, str, int]]) -> None:
-        """Raise when an episode started and did not finish; nothing to do without a hazard."""
+        """Raise when an episode started and did not finish; nothing to do without a hazard.
+        Called before a run's first start: a torn last line (a killed start) is cut off."""
         if self.hazard is None or not self.path.exists():
             return
         lines = read_jsonl(self.path, StartedEpisode, "episode start journal", torn_tail_ok=True)
+        # the next start is appended after whole lines: glued to a torn line, it would be torn too
+        _rewrite_without_torn_tail(self.path, [line.dump() for line in lines])
         interrupted = sorted({(e.task_id, e.arm, e.trial) for e in lines} - done)
         if interrupted:
             named = ", ".join(f"task {t} ({arm}, trial {trial})" for t, arm, trial in interrupted[:5])

@@ -142,3 +142,16 @@ def test_a_timed_out_lookup_while_drafting_is_an_observation_and_drafting_goes_o
     assert ep.steps[0].kind.value == "read" and ep.steps[1].kind.value == "read"  # two lookups drafted
     assert ep.tools_still_running == [] or set(ep.tools_still_running) == {"get"}
     assert ep.unknown_effects == []  # a lookup has no effect to be unsure of
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_a_tool_that_stops_the_process_stops_the_episode_not_a_key_error(stop):
+    """Ctrl-C or sys.exit inside a tool is raised in the episode's thread as it would be without
+    the tool thread (an exception that is not an `Exception` is no observation)."""
+    from specagent.core.execution import ToolRunner
+
+    def execute(call):
+        raise stop
+
+    with pytest.raises(stop):
+        ToolRunner(execute, TIMEOUT).run(ToolCall("c1", "set", {"key": "a", "value": 1}))
