@@ -2,7 +2,7 @@
 
 Works on the JSON records of `episodes.jsonl`, so it can summarise a file from any run.
 Rates and ratios are ratios of sums over tasks (each task's trials averaged first), with a
-95% interval over tasks; comparisons with the strong and weak runs use the tasks both ran.
+95% interval over tasks (success: Wilson score; ratios: delta method); comparisons with the strong and weak runs use the tasks both ran.
 """
 
 from __future__ import annotations
@@ -32,6 +32,18 @@ def mean_ci(values: Sequence[float], z: float = 1.96) -> dict[str, float | int |
     var = sum((v - mean) ** 2 for v in values) / (n - 1)
     half = z * math.sqrt(var / n)
     return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n}
+
+
+def rate_ci(values: Sequence[float], z: float = 1.96) -> dict[str, float | int | None]:
+    """Mean of per-task values in [0, 1] (success) with a Wilson score 95% interval: it stays
+    inside [0, 1] and is not empty at 0 or at 1 (0 of 36 solved is not "0 for certain")."""
+    n = len(values)
+    if n == 0:
+        return {"mean": None, "lo": None, "hi": None, "n": 0}
+    p = sum(values) / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return {"mean": p, "lo": max(0.0, centre - half), "hi": min(1.0, centre + half), "n": n}
 
 
 def ratio_ci(num: Sequence[float], den: Sequence[float], z: float = 1.96) -> dict[str, float | int | None]:
@@ -145,7 +157,7 @@ def summarize_group(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         # an accepted loop (a drafter repeating a lookup the verifier keeps approving) ends here
         "max_steps_episodes": sum(r["stop_reason"] == "max_steps" for r in records),
         "tasks": len(tasks),
-        "success": mean_ci(column["reward"]),
+        "success": rate_ci(column["reward"]),
         **counts,
         "acceptance_rate": ci["acceptance_rate"]["mean"],
         "mean_accepted_prefix": ci["mean_accepted_prefix"]["mean"],

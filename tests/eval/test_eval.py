@@ -95,9 +95,9 @@ def test_reference_arms_success_and_gap(matrix):
     arms = matrix[1]["arms"]
     assert arms["strong"]["strong_decode_ratio"] == 1.0 and arms["strong"]["memory_traffic_ratio"] == 1.0
     assert arms["weak"]["strong_decode_tokens"] == 0 and arms["weak"]["strong_decode_ratio"] == 0.0
-    weak = arms["weak"]["success"]  # per task 1, 1, 0, 0
-    half = 1.96 * math.sqrt((4 * 0.25 / 3) / 4)
-    assert weak["mean"] == 0.5 and weak["lo"] == pytest.approx(0.5 - half) and weak["hi"] == pytest.approx(0.5 + half)
+    weak = arms["weak"]["success"]  # per task 1, 1, 0, 0: Wilson score interval of 2 of 4
+    assert weak["mean"] == 0.5 and weak["lo"] == pytest.approx(0.1500, abs=1e-4)
+    assert weak["hi"] == pytest.approx(0.8500, abs=1e-4)
     assert arms["strong"]["gap_recovered"] == 1.0 and arms["weak"]["gap_recovered"] == 0.0
     assert arms["specagent"]["success"]["mean"] == 1.0 and arms["specagent"]["gap_recovered"] == 1.0
     assert arms["specagent"]["roles"] == {"strong": "strong-expert", "weak": "weak-sorry", "drafter_adapter": None,
@@ -139,7 +139,7 @@ def test_report_files(matrix):
     assert report["versions"]["python"] and report["config"]["arms"][4]["threshold_sweep"] == [0.2, 0.8]
     md = (out / "report.md").read_text()
     assert "| " + " | ".join(COLUMNS) + " |" in md
-    assert "| weak | 0.50 [-0.07, 1.07] | 0.00 |" in md
+    assert "| weak | 0.50 [0.15, 0.85] | 0.00 |" in md
     assert "`strong-expert`" in md and "`weak-sorry`" in md and "verdict head `fake/verdict` at threshold 0.8" in md
     for name in PLOTS:
         assert f"]({name})" in md
@@ -230,3 +230,16 @@ def test_ratio_ci_is_the_ratio_of_sums_with_a_delta_method_interval():
     half = 1.96 * math.sqrt(1 / 3) / 2
     assert ci == {"mean": 1.0, "lo": pytest.approx(1 - half), "hi": pytest.approx(1 + half), "n": 3}
     assert ratio_ci([1.0], [0.0])["mean"] is None
+
+
+@pytest.mark.parametrize("solved,n,lo,hi", [(0, 36, 0.0, 0.0964), (2, 36, 0.0154, 0.1814), (36, 36, 0.9036, 1.0),
+                                            (38, 106, 0.2736, 0.4533)])
+def test_success_interval_is_a_wilson_interval_inside_0_1(solved, n, lo, hi):
+    """0 of 36 solved is not certain failure, and 2 of 36 cannot be below 0 (the normal
+    approximation gave [0, 0] and [-0.02, 0.13]); reference values: Wilson score, z = 1.96."""
+    from specagent.core.metrics import rate_ci
+
+    ci = rate_ci([1.0] * solved + [0.0] * (n - solved))
+    assert ci["mean"] == pytest.approx(solved / n)
+    assert ci["lo"] == pytest.approx(lo, abs=1e-4) and ci["hi"] == pytest.approx(hi, abs=1e-4)
+    assert 0.0 <= ci["lo"] <= ci["mean"] <= ci["hi"] <= 1.0
