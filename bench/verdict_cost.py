@@ -35,7 +35,7 @@ from specagent.core.interfaces import ChatRequest
 from specagent.engines.verdict_likelihood import LikelihoodVerifier
 from specagent.engines.vllm_engine import VLLMEngine
 from specagent.records.trajectories import read_trajectories
-from specagent.runtime.drafting import reference_segment
+from specagent.runtime.drafting import after_step, reference_segment
 from specagent.runtime.provenance import versions
 
 
@@ -51,9 +51,7 @@ def committed_end(traj, cut: int, accepted: int) -> int:
     the placeholder the verify prompt showed)."""
     i = cut
     for _ in range(accepted):
-        i += 1
-        while i < len(traj.messages) and traj.messages[i].role == "tool":
-            i += 1
+        i = after_step(traj.messages, i)
     return i
 
 

@@ -211,6 +211,14 @@ def label_trajectory(
     return records
 
 
+def after_step(messages: Sequence[Message], i: int) -> int:
+    """The index after the step at ``messages[i]`` and the tool results recorded after it."""
+    i += 1
+    while i < len(messages) and messages[i].role == "tool":
+        i += 1
+    return i
+
+
 def reference_segment(traj: Trajectory, cut: int, read_only: dict[str, bool], max_steps: int) -> Segment:
     """The strong model's own next steps at a cut, cut by the DRAFT rules (lookups with their
     recorded observations, then the first held step): valid by construction. They give a
@@ -220,9 +228,7 @@ def reference_segment(traj: Trajectory, cut: int, read_only: dict[str, bool], ma
     while i < len(messages) and messages[i].role == "assistant" and len(steps) < max_steps:
         message = messages[i]
         kind = step_kind(message, read_only)
-        j = i + 1
-        while j < len(messages) and messages[j].role == "tool":
-            j += 1
+        j = after_step(messages, i)
         observations = tuple(messages[i + 1 : j]) if kind is StepKind.READ else ()
         steps.append(DraftedStep(message, kind, observations))
         if kind is not StepKind.READ:
