@@ -26,7 +26,8 @@ def checkpoints(run: Path) -> list[tuple[int, Path]]:
     """(training step, dir) of every checkpoint and of the final adapter."""
     found = [(int(p.name.split("-")[1]), p) for p in run.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
     metrics = run / "metrics.json"
-    if (run / "adapter").is_dir() and metrics.is_file():
+    final = run / "adapter" if (run / "adapter").is_dir() else run / "model"
+    if final.is_dir() and metrics.is_file():
         step = json.loads(metrics.read_text()).get("global_step")
         if step is not None and step not in {s for s, _ in found}:
             found.append((step, run))
@@ -37,34 +38,43 @@ def specagent(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "specagent", *args], cwd=ROOT, check=True)
 
 
+def is_full_model(source: Path) -> bool:
+    """A full fine-tune's checkpoint (or `model/`): no adapter to merge."""
+    return not (source / "adapter_config.json").is_file() and not (source / "adapter").is_dir()
+
+
 def success_at(step: int, source: Path, out: Path, task_ids: list[str], args: argparse.Namespace) -> dict:
     export = out / f"export-{step}"
-    if not (export / "merged" / "config.json").is_file():
-        specagent("export", str(source), "-o", str(export), "--merge", "--skip-smoke")
+    weights = export / ("model" if is_full_model(source) else "merged")
+    if not (weights / "config.json").is_file():
+        specagent("export", str(source), "-o", str(export), "--skip-smoke", *([] if is_full_model(source) else ["--merge"]))
     evaluation = out / f"eval-{step}"
     if not (evaluation / "report.json").is_file():
-        specagent("eval", "-c", args.config, f"strong.model={export / 'merged'}", "arms=[{name: strong, mode: strong}]",
+        specagent("eval", "-c", args.config, f"strong.model={weights}", "arms=[{name: strong, mode: strong}]",
                   f"env.task_ids={json.dumps(task_ids)}", f"env.user={args.user}", f"output_dir={evaluation}",
                   f"concurrency={args.concurrency}")
     report = json.loads((evaluation / "report.json").read_text())
-    return {"step": step, **report["arms"]["strong"]["success"]}
+    return {"step": step, **report["arms"]["strong"]["success"], "git_sha": (report.get("versions") or {}).get("git_sha")}
 
 
-def plot(points: list[dict], path: Path, title: str) -> None:
+def plot(curves: list[tuple[str, list[dict]]], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [p["step"] for p in points]
-    means = [p["mean"] for p in points]
-    low = [p["mean"] - p["lo"] for p in points]
-    high = [p["hi"] - p["mean"] for p in points]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.errorbar(steps, means, yerr=[low, high], marker="o", capsize=3)
+    for i, (label, points) in enumerate(curves):
+        dodge = (i - (len(curves) - 1) / 2) * 0.3  # curves that coincide stay visible side by side
+        steps = [p["step"] + dodge for p in points]
+        means = [p["mean"] for p in points]
+        low = [p["mean"] - p["lo"] for p in points]
+        high = [p["hi"] - p["mean"] for p in points]
+        ax.errorbar(steps, means, yerr=[low, high], marker="o", capsize=3, label=label)
     ax.set(xlabel="training step (8 demonstrations each)", ylabel="eval success (95% interval)", ylim=(0, 1),
            title=title)
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -77,6 +87,8 @@ def main() -> None:
     parser.add_argument("--user", choices=["ticket", "multi_turn"], default="ticket")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--out", default="runs/bench/expert-curve")
+    parser.add_argument("--overlay", action="append", default=[], metavar="CURVE_JSON",
+                        help="another run's curve.json, drawn in the same plot (repeatable)")
     args = parser.parse_args()
 
     from specagent.envs.store import StoreEnv
@@ -89,9 +101,11 @@ def main() -> None:
         points.append(success_at(step, source, out, task_ids, args))
         print(f"step {step}: success {points[-1]['mean']:.2f} [{points[-1]['lo']:.2f}, {points[-1]['hi']:.2f}]")
     result = {"run": args.run, "user": args.user, "tasks": len(task_ids), "stride": args.stride, "points": points,
-              "seconds": round(time.perf_counter() - began, 1)}
+              "seconds": round(time.perf_counter() - began, 1), "git_sha": points[-1]["git_sha"] if points else None}
     (out / "curve.json").write_text(json.dumps(result, indent=2))
-    plot(points, out / "curve.png", f"S on {len(task_ids)} store eval tasks ({args.user})")
+    others = [json.loads(Path(p).read_text()) for p in args.overlay]
+    curves = [(Path(c["run"]).name, c["points"]) for c in [result, *others]]
+    plot(curves, out / "curve.png", f"S on {len(task_ids)} store eval tasks ({args.user})")
     print(f"{out / 'curve.json'}  {out / 'curve.png'}")
 
 
