@@ -18,17 +18,12 @@ import pytest
 from specagent.cli import main
 from specagent.config import CollectConfig, EvalConfig, MineConfig, load_config
 from specagent.core.errors import SpecAgentError
-from specagent.core.protocol import Models, ProtocolConfig, run_episode
-from specagent.core.types import Trajectory
 from specagent.data.stage import collect_from_config, mine_from_config
-from specagent.engines.scripted import ScriptedEngine
-from specagent.envs.store import StoreEnv
-from specagent.envs.store.expert import expert_policy
 from specagent.eval.matrix import eval_from_config
 from specagent.records.trajectories import write_trajectories
 from specagent.runtime.episodes import read_episodes
 from specagent.runtime.ray_episodes import EpisodeWorker
-from tests.helpers.mining import TASKS
+from tests.helpers.mining import TASKS, expert_trajectories
 from tests.helpers.ray_workers import NoisyMineWorker, dying
 
 ray = pytest.importorskip("ray")  # the `ray` extra (in `dev`, so CI has it)
@@ -53,12 +48,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def trajectories_file(tmp_path_factory) -> Path:
     """The store expert's runs of six tasks, as `specagent collect` writes them."""
-    env = StoreEnv()
-    expert = ScriptedEngine(expert_policy(env), "expert")
-    out = []
-    for task in TASKS:
-        ep = run_episode(env, task, "strong", Models(strong=expert), ProtocolConfig(max_steps=16))
-        out.append(Trajectory(f"store:{task}:0", task, env.tool_specs(), ep.messages, ep.reward, "test", "expert"))
+    out = expert_trajectories(TASKS)
     path = tmp_path_factory.mktemp("trajectories") / "trajectories.jsonl"
     write_trajectories(path, out)
     return path

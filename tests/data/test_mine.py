@@ -8,7 +8,6 @@ import pytest
 
 from specagent.core.classify import classify_tools
 from specagent.core.errors import EngineUnavailable
-from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import DraftedStep, Message, StepKind, ToolCall, Trajectory
 from specagent.data.datasets import finalize
 from specagent.data.mine import Shard, mine_shard
@@ -18,19 +17,12 @@ from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy
 from specagent.runtime.drafting import DraftSettings, live_jobs, replay_jobs, segment_stats
 from specagent.runtime.labelers import match_labels, overlap_judge, prefix_closed
-from tests.helpers.mining import TASKS, noisy_expert, store_jobs
+from tests.helpers.mining import TASKS, expert_trajectories, noisy_expert, store_jobs
 
 
 @pytest.fixture(scope="module")
 def store_trajectories() -> list[Trajectory]:
-    env = StoreEnv()
-    expert = ScriptedEngine(expert_policy(env), "expert")
-    tools = env.tool_specs()
-    out = []
-    for task in TASKS:
-        ep = run_episode(env, task, "strong", Models(strong=expert), ProtocolConfig(max_steps=16))
-        out.append(Trajectory(f"store:{task}:0", task, tools, ep.messages, ep.reward, "test", "expert"))
-    return out
+    return expert_trajectories(TASKS)
 
 
 def dataset_rows(out_dir: Path) -> dict:

@@ -5,12 +5,25 @@ from __future__ import annotations
 import hashlib
 
 from specagent.core.classify import classify_tools
-from specagent.core.types import Message, ToolCall
+from specagent.core.protocol import Models, ProtocolConfig, run_episode
+from specagent.core.types import Message, ToolCall, Trajectory
+from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy
 from specagent.runtime.drafting import live_jobs
 
 TASKS = ["lookup_01", "lookup_02", "single_write_01", "lookups_then_write_01", "policy_forbids_01", "multi_write_01"]
+
+
+def expert_trajectories(tasks=TASKS) -> list[Trajectory]:
+    """The store expert's run of each task, as `specagent collect` would record it."""
+    env = StoreEnv()
+    expert = ScriptedEngine(expert_policy(env), "expert")
+    out = []
+    for task in tasks:
+        ep = run_episode(env, task, "strong", Models(strong=expert), ProtocolConfig(max_steps=16))
+        out.append(Trajectory(f"store:{task}:0", task, env.tool_specs(), ep.messages, ep.reward, "test", "expert"))
+    return out
 
 
 def noisy_expert(env, every: int = 3):

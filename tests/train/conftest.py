@@ -10,16 +10,13 @@ from pathlib import Path
 import pytest
 
 from specagent.config import MineConfig, dump_config
-from specagent.core.protocol import Models, ProtocolConfig, run_episode
-from specagent.core.types import Trajectory
 from specagent.data.datasets import finalize
 from specagent.data.mine import mine_shard
 from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.store import StoreEnv
-from specagent.envs.store.expert import expert_policy
 from specagent.records.trajectories import write_trajectories
 from specagent.runtime.drafting import DraftSettings
-from tests.helpers.mining import TASKS, noisy_expert, store_jobs
+from tests.helpers.mining import TASKS, expert_trajectories, noisy_expert, store_jobs
 
 VALIDATION = ["single_write_01", "lookups_then_write_01"]
 
@@ -29,13 +26,7 @@ def mined(tmp_path_factory) -> Path:
     """A `specagent mine`-shaped output dir: drafter/, verdict/, segments/, stats.json,
     mine_config.yaml (live store environment) and the trajectories it names."""
     out = tmp_path_factory.mktemp("mined")
-    env = StoreEnv()
-    expert = ScriptedEngine(expert_policy(env), "expert")
-    trajectories = []
-    for task in TASKS:
-        ep = run_episode(env, task, "strong", Models(strong=expert), ProtocolConfig(max_steps=16))
-        trajectories.append(Trajectory(f"store:{task}:0", task, env.tool_specs(), ep.messages, ep.reward, "test",
-                                       "expert"))
+    trajectories = expert_trajectories(TASKS)
     write_trajectories(out / "trajectories.jsonl", trajectories)
     settings = DraftSettings()
     drafter = ScriptedEngine(noisy_expert(StoreEnv()))

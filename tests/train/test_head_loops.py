@@ -17,7 +17,7 @@ import pytest
 
 from specagent.core.classify import classify_tools
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
-from specagent.core.types import Message, StepStatus, ToolCall, Trajectory
+from specagent.core.types import Message, StepStatus, ToolCall
 from specagent.engines.scripted import ScriptedEngine
 from specagent.envs.store import StoreEnv
 from specagent.envs.store.expert import expert_policy
@@ -47,16 +47,6 @@ def looping_drafter(env):
     return drafter
 
 
-def expert_trajectories(tasks) -> list[Trajectory]:
-    env = StoreEnv()
-    expert = ScriptedEngine(expert_policy(env), "expert")
-    out = []
-    for task in tasks:
-        ep = run_episode(env, task, "strong", Models(strong=expert), ProtocolConfig(max_steps=16))
-        out.append(Trajectory(f"store:{task}:0", task, env.tool_specs(), ep.messages, ep.reward, "test", "expert"))
-    return out
-
-
 @pytest.fixture(scope="module")
 def loops_mined(tmp_path_factory) -> Path:
     """The looping drafter's segments at every cut point of the expert's runs, `match`-labeled,
@@ -66,7 +56,7 @@ def loops_mined(tmp_path_factory) -> Path:
     from specagent.data.mine import mine_shard
     from specagent.records.trajectories import write_trajectories
     from specagent.runtime.drafting import DraftSettings
-    from tests.helpers.mining import store_jobs
+    from tests.helpers.mining import expert_trajectories, store_jobs
 
     out = tmp_path_factory.mktemp("loops")
     trajectories = expert_trajectories(TRAIN + CALIBRATION)
