@@ -44,10 +44,10 @@ def is_full_model(source: Path) -> bool:
 
 
 def success_at(step: int, source: Path, out: Path, task_ids: list[str], args: argparse.Namespace) -> dict:
-    export = out / f"export-{step}"
-    weights = export / ("model" if is_full_model(source) else "merged")
+    export, full = out / f"export-{step}", is_full_model(source)
+    weights = export / ("model" if full else "merged")
     if not (weights / "config.json").is_file():
-        specagent("export", str(source), "-o", str(export), "--skip-smoke", *([] if is_full_model(source) else ["--merge"]))
+        specagent("export", str(source), "-o", str(export), "--skip-smoke", *([] if full else ["--merge"]))
     evaluation = out / f"eval-{step}"
     if not (evaluation / "report.json").is_file():
         specagent("eval", "-c", args.config, f"strong.model={weights}", "arms=[{name: strong, mode: strong}]",

@@ -2,7 +2,8 @@
 
 Works on the JSON records of `episodes.jsonl`, so it can summarise a file from any run.
 Rates and ratios are ratios of sums over tasks (each task's trials averaged first), with a
-95% interval over tasks (success: Wilson score; ratios: delta method); comparisons with the strong and weak runs use the tasks both ran.
+95% interval over tasks (success: Wilson score; ratios: delta method); comparisons with
+the strong and weak runs use the tasks both ran.
 """
 
 from __future__ import annotations
