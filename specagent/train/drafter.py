@@ -115,9 +115,10 @@ def drafter_trainer(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any =
 
         callbacks.append(AcceptanceCallback(cfg.acceptance, tokenizer, Path(cfg.output_dir) / "acceptance.jsonl",
                                             threads=cfg.train.threads))
-    trainer = SFTTrainer(model=model, args=sft_config(cfg, validation is not None), train_dataset=train,
-                         eval_dataset=validation, processing_class=tokenizer,
-                         peft_config=lora_config(cfg.lora, "CAUSAL_LM") if cfg.lora else None, callbacks=callbacks)
+    trainer = target_token_trainer()(
+        model=model, args=sft_config(cfg, validation is not None), train_dataset=train, eval_dataset=validation,
+        processing_class=tokenizer, peft_config=lora_config(cfg.lora, "CAUSAL_LM") if cfg.lora else None,
+        callbacks=callbacks)
     trainer.prompt_profile = profile  # saved beside the adapter by save_final
     trainer.merge_into_model = cfg.from_layers is not None
     trainer.base_model_name = cfg.model + (f" (first {cfg.from_layers} decoder layers)" if cfg.from_layers else "")
@@ -126,6 +127,48 @@ def drafter_trainer(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any =
             callback.bind(trainer)
     trainer.truncation = report_truncation(trainer, train, cfg.max_length)
     return trainer
+
+
+def target_token_trainer() -> type:
+    """SFTTrainer whose loss runs the LM head on the target (assistant) positions only.
+
+    Most of a row is context (observations, user turns) that carries no loss; projecting
+    only the target positions through the 49K-word LM head, in one matmul under the
+    trainer's autocast, trains ~2x faster on CPU than TRL's tiled fused head (measured on
+    SmolLM2, bf16 autocast). The loss is the same token-mean cross-entropy."""
+    import torch
+    from trl import SFTTrainer
+
+    class TargetTokenSFTTrainer(SFTTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if return_outputs:
+                return super().compute_loss(model, inputs, True, num_items_in_batch)
+            causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+            labels = inputs["labels"][:, 1:]
+            context = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "position_ids")}
+            with self.accelerator.autocast():
+                hidden = causal_lm.get_decoder()(**context, use_cache=False).last_hidden_state[:, :-1]
+                target = labels != -100
+                logits = causal_lm.get_output_embeddings()(hidden[target]).float()
+            token_loss = torch.nn.functional.cross_entropy(logits, labels[target], reduction="none")
+            count = target.sum() if num_items_in_batch is None else num_items_in_batch
+            loss = token_loss.sum() / torch.as_tensor(count).clamp(min=1)
+            if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+                loss = loss * self.accelerator.num_processes
+            self._log_target_metrics(logits.detach(), labels[target], inputs)
+            return loss
+
+        def _log_target_metrics(self, logits, targets, inputs) -> None:
+            mode = "train" if self.model.training else "eval"
+            n = max(len(targets), 1)
+            log_probs = logits.log_softmax(-1)
+            self._metrics[mode]["entropy"].append(float(-(log_probs.exp() * log_probs).sum(-1).sum()) / n)
+            self._metrics[mode]["mean_token_accuracy"].append(float((logits.argmax(-1) == targets).sum()) / n)
+            if mode == "train":
+                self._total_train_tokens += int(inputs["attention_mask"].sum()) if "attention_mask" in inputs else 0
+            self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+
+    return TargetTokenSFTTrainer
 
 
 class ProfileInCheckpoints(TrainerCallback):

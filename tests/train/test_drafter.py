@@ -110,3 +110,33 @@ def test_rows_cut_by_max_length_are_reported(mined, tokenizer, tiny_causal_lm, t
     assert report["target_tokens"] == sum(sum(t != -100 for t in labels) for labels in uncut.train_dataset["labels"])
     with pytest.raises(ConfigError, match="raise max_length"):
         drafter_trainer(drafter_cfg(mined, tmp_path, "max_length=600"), tiny_causal_lm, tokenizer)
+
+
+def test_target_token_loss_equals_cross_entropy_over_every_assistant_token(mined, tokenizer, tiny_causal_lm, tmp_path):
+    """The trainer projects only the target positions through the LM head; the loss must be the
+    token-mean cross-entropy that full logits give, and its gradient the same."""
+    import torch
+
+    from specagent.train.drafter import drafter_trainer
+
+    trainer = drafter_trainer(drafter_cfg(mined, tmp_path, "max_length=8192", "lora.dropout=0.0"), tiny_causal_lm,
+                              tokenizer)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    model = trainer.model
+    loss = trainer.compute_loss(model, dict(batch))
+    loss.backward()
+    ours = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad()
+
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    labels = batch["labels"][:, 1:]
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                                                 ignore_index=-100)
+    expected.backward()
+    assert (labels != -100).sum() > 20 and (labels == -100).sum() > 20  # a real mix of target and context
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-4)
+    for name, grad in ours.items():
+        assert torch.allclose(grad, dict(model.named_parameters())[name].grad, atol=1e-6, rtol=1e-3), name
+    accuracy = trainer._metrics["train"]["mean_token_accuracy"][-1]
+    top1 = (logits.argmax(-1) == labels)[labels != -100].float().mean().item()
+    assert accuracy == pytest.approx(top1)
