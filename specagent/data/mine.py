@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
-from tqdm import tqdm
-
 from specagent.config import MineConfig
 from specagent.core.draft import DraftJob
 from specagent.core.interfaces import ChatEngine, Environment
@@ -28,6 +26,7 @@ from specagent.core.types import Trajectory
 from specagent.records.base import jsonl_lines
 from specagent.records.segments import ShardRow
 from specagent.runtime.drafting import DraftSettings, DraftStats, draft_trajectories
+from specagent.runtime.progress import progress
 from specagent.runtime.ray_pool import ActorPool, Progress, connect, require_ray, shutdown_if  # ray itself: lazily
 
 
@@ -128,8 +127,8 @@ def mine_shard(
     mine = pending(trajectories, path, shard)
     stats = DraftStats()
     start = time.perf_counter()
-    with path.open("a") as sink, tqdm(total=len(mine), desc=f"mining shard {shard.index}/{shard.count}",
-                                      unit="traj") as bar:
+    with path.open("a") as sink, progress(total=len(mine), desc=f"mining shard {shard.index}/{shard.count}",
+                                          unit="traj") as bar:
         for group in groups_of(mine, settings.batch_trajectories):
             append_rows(sink, mine_group(group, drafter, jobs_for, settings, stats, strong, restore_for))
             bar.update(len(group))
@@ -163,7 +162,7 @@ def mine_shard_on_ray(trajectories: Sequence[Trajectory], worker: type, cfg: Min
 def _append_as_mined(pool: ActorPool, groups: list[tuple[str, ...]], path: Path, desc: str) -> Progress:
     """Each group's rows appended as they arrive, a trajectory never twice; the driver's figures."""
     progress, done = Progress("segments"), set()
-    with path.open("a") as sink, tqdm(total=sum(map(len, groups)), desc=desc, unit="traj") as bar:
+    with path.open("a") as sink, progress(total=sum(map(len, groups)), desc=desc, unit="traj") as bar:
         for ids, raw in pool.map("mine", groups):
             rows = [ShardRow.parse(r, f"actor result for {r.get('trajectory_id')}") for r in raw]
             append_rows(sink, [r for r in rows if r.trajectory_id not in done])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -17,14 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TextIO
 
-from tqdm import tqdm
-
 from specagent.core.errors import SpecAgentError, TaskFileError
 from specagent.core.interfaces import Environment
 from specagent.core.protocol import Episode, Models, ProtocolConfig, run_episode
 from specagent.engines.batching import BatchingEngine, CallerGroup
 from specagent.records.base import read_jsonl
 from specagent.records.episodes import EpisodeRecord, StartedEpisode
+from specagent.runtime.progress import progress
 
 
 def episode_record(ep: Episode, trial: int, models: dict[str, str], arm: str | None = None) -> dict[str, Any]:
@@ -176,7 +174,7 @@ def run_tasks(
     journal.check(done)
     todo = [job for job in episode_jobs(task_ids, modes, trials, arm) if job.key not in done]
     lock = threading.Lock()
-    with out_path.open("a") as sink, tqdm(total=len(todo), desc=arm or "episodes", unit="ep", file=sys.stderr) as bar:
+    with out_path.open("a") as sink, progress(total=len(todo), desc=arm or "episodes", unit="ep") as bar:
 
         def run_one(env: Environment, job: EpisodeJob) -> Environment:
             with lock:

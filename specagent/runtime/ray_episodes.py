@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from tqdm import tqdm
-
 from specagent.config import EnvConfig, ExecutorConfig, RuntimeSpec
 from specagent.core.interfaces import ChatEngine
 from specagent.core.protocol import Models, ProtocolConfig
@@ -33,6 +31,7 @@ from specagent.runtime.episodes import (
     play_episode,
     resumable_records,
 )
+from specagent.runtime.progress import progress as progress_bar
 from specagent.runtime.ray_pool import ActorPool, Progress, connect, shutdown_if
 
 
@@ -135,7 +134,7 @@ def _gather(pool: ActorPool, todo: Sequence[EpisodeJob], out_path: Path, done: s
             journal: StartJournal) -> list[dict[str, Any]]:
     """Append each record as it arrives, once per resume key."""
     new = []
-    with out_path.open("a") as sink, tqdm(total=len(todo), desc="episodes on ray", unit="ep", file=sys.stderr) as bar:
+    with out_path.open("a") as sink, progress_bar(total=len(todo), desc="episodes on ray", unit="ep") as bar:
         for job, record in pool.map("run", todo, on_submit=journal.mark):
             if job.key in done:  # the pool hands a result over once; a key is never written twice
                 continue

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
 from specagent.config import AcceptanceSettings, MineConfig, load_config
@@ -30,6 +29,7 @@ from specagent.runtime.drafting import (
     drafting_environment,
     segment_stats,
 )
+from specagent.runtime.progress import progress as progress_bar
 
 
 @dataclass
@@ -67,7 +67,7 @@ def offline_acceptance(engine: Any, data: HeldOut, progress: str | None = None) 
     """Draft and label at every held-out cut point; the mining figures of DESIGN §3.
     `progress`: a label for a progress bar over the trajectories (none when unset)."""
     stats = DraftStats()
-    trajectories = tqdm(data.trajectories, desc=progress, unit="run", disable=progress is None)
+    trajectories = progress_bar(data.trajectories, desc=progress, unit="run", disable=progress is None)
     segments, per_run = [], {}
     for traj in trajectories:
         drafted = draft_trajectory(traj, engine, data.jobs_for, data.settings, stats)
