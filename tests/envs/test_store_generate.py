@@ -28,7 +28,7 @@ from specagent.runtime.assembly import build_env
 SEED_HASH = "ff563702feea8ddad8de73da312b76f189f7edd13bbf3f62b0dea7e5ef23a8e9"
 DB_HASH = "daf7caa38d11bec9807104f93721417de5349ca02bec1a22a5c12777e85f20c1"
 TASK_HASHES = {
-    "train": "d7e2289ab313f4b1311fe9212c3992d1d009ede23e61e0669949fb3c75cce053",
+    "train": "c5861c0bd62b0794bf469439f6b4fd2e8838c8c9c6e73c3a9b7ca9b7e648f434",
     "calibration": "02090e707433ce6a044686f72464bb09464542db5492a1dac9ad218695a20bbe",
     "eval": "4449d1cee085b08a9c74f59be47f8ba4f9823bddd311cad32e5070158e54f174",
 }

@@ -29,6 +29,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from specagent.envs.store import train_wording
 from specagent.envs.store.build_db import CITIES, PEOPLE, STREETS, _order, _user, build_db
 from specagent.envs.store.build_tasks import GO_AHEAD, TaskWriter, address_text, call, money
 from specagent.envs.store.env import (
@@ -969,21 +970,26 @@ class Wording:
     closing: str
 
 
-def _choose(rng: random.Random, pools: tuple[list[str], list[str]], held_out: bool, key: str) -> tuple[str, str]:
-    pool = pools[1] if held_out else pools[0]
+def _choose(rng: random.Random, pools: tuple[list[str], list[str]], held_out: bool, key: str,
+            train_only: list[str] = ()) -> tuple[str, str]:
+    """A form of ``pools`` (train, held-out) and its key; ``train_only`` forms widen the training
+    pool (the train split passes them; a held-out split's draws stay as they were)."""
+    pool = pools[1] if held_out else pools[0] + list(train_only)
     index = rng.randrange(len(pool))
     return pool[index], f"{key}.{'h' if held_out else 't'}{index}"
 
 
 def wording(rng: random.Random, split: str, kind: str, number: int, confirm: bool) -> Wording:
-    """Training uses only training forms; calibration and eval always a held-out greeting, a
-    held-out body for odd ``number`` (a training one otherwise) and either kind of closing."""
+    """Training uses only training forms (``train_wording``'s too); calibration and eval always a
+    held-out greeting, a held-out body for odd ``number`` (a first training one otherwise) and
+    either kind of closing."""
     unseen = split != "train"
+    more = (lambda forms: []) if unseen else (lambda forms: forms)
     by = "email" if rng.random() < 0.6 else "name"
-    greeting, greeting_key = _choose(rng, HELLOS[by], unseen, by)
-    body, body_key = _choose(rng, BODIES[kind], unseen and number % 2 == 1, kind)
-    neutral, _ = _choose(rng, NEUTRAL_HELLOS, unseen, "neutral")
-    closings = CLOSINGS[0] + CLOSINGS[1] if unseen else CLOSINGS[0]
+    greeting, greeting_key = _choose(rng, HELLOS[by], unseen, by, more(train_wording.HELLOS[by]))
+    body, body_key = _choose(rng, BODIES[kind], unseen and number % 2 == 1, kind, more(train_wording.BODIES[kind]))
+    neutral, _ = _choose(rng, NEUTRAL_HELLOS, unseen, "neutral", more(train_wording.NEUTRAL_HELLOS))
+    closings = CLOSINGS[0] + CLOSINGS[1] if unseen else CLOSINGS[0] + train_wording.CLOSINGS
     return Wording(by, greeting, greeting_key, body, body_key, neutral, rng.choice(closings) if confirm else "")
 
 
