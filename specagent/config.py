@@ -56,13 +56,21 @@ class VLLMEngineConfig(EngineBase):
 
 
 class OpenAIEngineConfig(EngineBase):
-    """Any OpenAI-compatible server (vLLM's, a cloud API); `model` is the served name."""
+    """Any OpenAI-compatible server (vLLM's, a cloud API); `model` is the served name.
+
+    `tokenizer`: a local model dir (or the `smollm2` alias) holding the served model's
+    tokenizer and, if it was fine-tuned with one, its `prompt_profile.json`. With it, every
+    chat request is sent under that prompt profile (tools and policy as the model was trained
+    to see them), and the engine scores prompt positions through the server's
+    `/v1/completions` `prompt_logprobs` (vLLM), so it can serve the `likelihood` and `head`
+    verdicts. Without it, requests go as they are and nothing is scored."""
 
     backend: Literal["openai"]
     base_url: str  # e.g. http://127.0.0.1:8000/v1
     api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the key
     timeout_s: float = Field(120.0, gt=0)
     max_retries: int = Field(3, ge=0)
+    tokenizer: Optional[str] = None  # the served model's local dir: its tokenizer and prompt profile
 
 
 class ScriptedEngineConfig(EngineBase):

@@ -37,7 +37,7 @@ def build_engine(cfg: Any, scripted_policy: Callable | None = None) -> ChatEngin
             return OpenAIEngine(
                 base_url=cfg.base_url, model=cfg.model, api_key=os.environ.get(cfg.api_key_env),
                 timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, temperature=cfg.temperature,
-                seed=cfg.seed,
+                seed=cfg.seed, tokenizer=cfg.tokenizer, adapters=dict(cfg.adapters),
             )
         case "scripted":
             from specagent.engines.scripted import ScriptedEngine

@@ -35,6 +35,18 @@ def load_template() -> str:
     return template_path().read_text(encoding="utf-8")
 
 
+def load_tokenizer(path: str) -> Any:
+    """A model's tokenizer carrying specagent's chat template, and a pad token: what training
+    tokenizes rows with and what an engine that renders prompts itself uses."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = load_template()
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def template_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Messages as the template wants them: OpenAI dicts with tool-call arguments as dicts.
 

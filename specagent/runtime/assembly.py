@@ -172,7 +172,20 @@ def resolve_adapter(cfg: Any, ref: str | None, name: str, where: str = "drafter_
                       f"(its adapters: {', '.join(cfg.adapters) or 'none'})")
 
 
-SCORING_BACKENDS = ("transformers", "vllm")  # engines that score prompt positions (a verdict head)
+SCORING_BACKENDS = ("transformers", "vllm", "openai")  # engines that score prompt positions (a verdict head)
+
+
+def check_scoring(strong: Any, kind: str) -> None:
+    """Verifier `kind` (head, likelihood) reads prompt positions: the strong engine must score them.
+    An OpenAI-compatible server does only through vLLM's prompt_logprobs, on token ids from the
+    served model's tokenizer, so there `strong.tokenizer` must name the model's local dir."""
+    if strong.backend not in SCORING_BACKENDS:
+        raise ConfigError(f"verifier kind {kind!r} needs a strong engine that scores prompt positions "
+                          f"({', '.join(SCORING_BACKENDS)}), not {strong.backend!r}")
+    if strong.backend == "openai" and not strong.tokenizer:
+        raise ConfigError(f"verifier kind {kind!r} needs a strong engine that scores prompt positions: on the "
+                          "openai backend set strong.tokenizer to the served model's local dir (its tokenizer "
+                          "turns the verify prompt into token ids; a vLLM server scores them)")
 
 
 @dataclass(frozen=True)
@@ -198,15 +211,11 @@ def plan_models(cfg: RuntimeSpec, modes: tuple[str, ...]) -> ModelPlan:
     wants_verifier = "strong" in configs and "specagent" in modes
     if wants_verifier and cfg.verifier.kind == "head":
         head = head_adapter_dir(cfg.verifier.head)
-        if cfg.strong.backend not in SCORING_BACKENDS:
-            raise ConfigError(f"verifier kind 'head' needs a strong engine that scores prompt positions "
-                              f"({' or '.join(SCORING_BACKENDS)}), not {cfg.strong.backend!r}")
+        check_scoring(cfg.strong, "head")
         if not cfg.verifier.merged:  # else the strong model's own weights are the head
             configs["strong"] = with_adapter(configs["strong"], HEAD_ADAPTER, str(head))
     elif wants_verifier and cfg.verifier.kind == "likelihood":
-        if cfg.strong.backend not in SCORING_BACKENDS:
-            raise ConfigError(f"verifier kind 'likelihood' needs a strong engine that scores prompt positions "
-                              f"({' or '.join(SCORING_BACKENDS)}), not {cfg.strong.backend!r}")
+        check_scoring(cfg.strong, "likelihood")
     elif wants_verifier:
         configs["strong"], verdict_adapter = resolve_adapter(configs["strong"], verdict_adapter, VERDICT_ADAPTER,
                                                              "verifier.adapter")
@@ -241,13 +250,13 @@ def build_verifier(cfg: RuntimeSpec, plan: ModelPlan, strong: Any, env: Environm
         case "head":
             if not isinstance(strong, TokenScorer):
                 raise ConfigError(f"verifier kind 'head' needs a strong engine that scores prompt positions "
-                                  f"(transformers or vllm), not {cfg.strong.backend!r}")
+                                  f"({', '.join(SCORING_BACKENDS)}), not {cfg.strong.backend!r}")
             return HeadVerifier(strong, plan.head, cfg.verifier.threshold, adapter=HEAD_ADAPTER,
                                 merged=cfg.verifier.merged)
         case "likelihood":
             if not isinstance(strong, TokenScorer):
                 raise ConfigError(f"verifier kind 'likelihood' needs a strong engine that scores prompt positions "
-                                  f"(transformers or vllm), not {cfg.strong.backend!r}")
+                                  f"({', '.join(SCORING_BACKENDS)}), not {cfg.strong.backend!r}")
             return LikelihoodVerifier(strong, cfg.verifier.threshold)
         case "scripted":
             return expert_verifier(env)

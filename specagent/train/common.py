@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 from specagent.config import LoraSettings, OptimSettings, check_resume
 from specagent.core.errors import ConfigError
 from specagent.core.files import check_output_dir
+from specagent.engines.render import load_tokenizer  # noqa: F401  (the recipes load tokenizers from here)
 
 
 def peak_rss_gib() -> float:
@@ -33,19 +34,6 @@ def set_threads(threads: int | None) -> None:
     import torch
 
     torch.set_num_threads(threads or max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0)))))
-
-
-def load_tokenizer(path: str) -> Any:
-    """The model's tokenizer with specagent's chat template, and a pad token."""
-    from transformers import AutoTokenizer
-
-    from specagent.engines.render import load_template
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = load_template()
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def model_dir(model: str, gguf_file: str | None) -> str:

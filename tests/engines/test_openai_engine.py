@@ -4,6 +4,7 @@ real vLLM server on SmolLM2 (slow, one server per session, tests/conftest.py).""
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -12,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from specagent.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable
-from specagent.core.interfaces import ChatEngine, ChatRequest, ModelCost
-from specagent.core.types import Message, ToolCall
-from specagent.engines.openai_engine import OpenAIEngine, chat_completions_url
+from specagent.core.errors import ConfigError, ContextLengthExceeded, EngineError, EngineUnavailable
+from specagent.core.interfaces import ChatEngine, ChatRequest, ModelCost, ScoreRequest, TokenScorer
+from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall
+from specagent.engines.openai_engine import OpenAIEngine, chat_completions_url, completions_url
+from specagent.engines.render import load_template, profile_named
 from specagent.engines.vllm_server import free_port, start_server
 from tests.conftest import ADAPTER, WEATHER, need_vllm, weather_chat
 
@@ -38,13 +40,14 @@ def call(name: str, arguments: str) -> dict[str, Any]:
 
 class FakeServer:
     """An HTTP server on 127.0.0.1 that answers POSTs with scripted (status, body) pairs
-    (the last one repeats) and records each request's JSON body and headers."""
+    (the last one repeats) and records each request's path, JSON body and headers."""
 
     def __init__(self, answers: list[tuple[int, Any]], delay_s: float = 0.0) -> None:
         self.answers = list(answers)
         self.delay_s = delay_s
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.paths: list[str] = []
         self.lock = threading.Lock()
         fake = self
 
@@ -54,6 +57,7 @@ class FakeServer:
                 with fake.lock:
                     fake.requests.append(body)
                     fake.headers.append(dict(self.headers))
+                    fake.paths.append(self.path)
                     status, answer = fake.answers.pop(0) if len(fake.answers) > 1 else fake.answers[0]
                 time.sleep(fake.delay_s)
                 data = answer.encode() if isinstance(answer, str) else json.dumps(answer).encode()
@@ -116,6 +120,7 @@ def test_no_tools_means_no_tool_choice_and_no_key_means_no_auth_header(monkeypat
 @pytest.mark.parametrize("base", ["http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/chat/completions"])
 def test_base_url_may_or_may_not_end_in_v1(base):
     assert chat_completions_url(base) == "http://h:1/v1/chat/completions"
+    assert completions_url(base) == "http://h:1/v1/completions"
 
 
 def test_structured_tool_call_and_usage_with_cached_tokens():
@@ -225,6 +230,166 @@ def test_server_down_is_engine_unavailable_quickly_and_names_the_url():
         engine.chat([ChatRequest(ASK)])
     assert f"{url}/v1/chat/completions" in str(err.value)
     assert time.perf_counter() - began < 2
+
+
+# --- the served model's own dir: prompt profile and scoring (strong.tokenizer) ------------------
+
+
+def score_reply(reported: list[dict[int, tuple[float, int]]]) -> dict[str, Any]:
+    """A /v1/completions body as vLLM sends it with `prompt_logprobs`: null for the first prompt
+    token, then per position {token id as a string: {logprob, rank, decoded_token}}."""
+    entries = [None] + [{str(token): {"logprob": logprob, "rank": rank, "decoded_token": f"<{token}>"}
+                         for token, (logprob, rank) in entry.items()} for entry in reported]
+    tokens = len(entries)  # one entry per prompt token
+    return {"id": "cmpl-1", "object": "text_completion", "model": "remote-model",
+            "choices": [{"index": 0, "text": "x", "finish_reason": "length", "prompt_logprobs": entries}],
+            "usage": {"prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1}}
+
+
+PROMPT = [10, 11, 12, 13]
+# after 10: 11 is the top token; after 11: 12 is third (42 is top); after 12: 13 is the top token
+OWN = [{11: (-0.1, 1)}, {12: (-2.0, 3), 42: (-0.5, 1)}, {13: (-0.3, 1)}]
+
+
+@pytest.fixture(scope="module")
+def bare_dir(smollm2_dir, tmp_path_factory) -> str:
+    """SmolLM2's tokenizer with the `bare` prompt profile saved beside it: a fine-tuned S's dir
+    (tools and policy distilled into the weights)."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("bare-strong")
+    AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
+    profile_named("bare").save(out)
+    return str(out)
+
+
+def test_a_bare_profile_sends_no_tools_and_no_policy_and_calls_come_back_as_text(bare_dir):
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    with FakeServer([(200, reply(text))]) as server:
+        engine = engine_for(server, tokenizer=bare_dir)
+        [done] = engine.chat([ChatRequest(ASK, (WEATHER,))])
+    [body] = server.requests
+    assert "tools" not in body and "tool_choice" not in body
+    assert body["messages"] == [{"role": "system", "content": ""}, ASK[1].to_openai()]
+    assert done.malformed is None  # checked against the offered tools, which the prompt did not show
+    assert [(c.name, c.arguments) for c in done.message.tool_calls] == [("get_weather", {"city": "Oslo"})]
+    assert engine.profile_for(None).name == "bare" and engine.tokenizer.chat_template == load_template()
+
+
+def test_a_dir_without_a_profile_sends_what_no_tokenizer_sends(smollm2_dir, bare_dir):
+    """The full profile changes nothing; an adapter given by path has its own dir's profile."""
+    request = ChatRequest(ASK, (WEATHER,), max_tokens=9)
+    with FakeServer([(200, reply("hi"))]) as server:
+        plain = engine_for(server).payload(request)
+        full = engine_for(server, tokenizer=smollm2_dir, adapters={"drafter": bare_dir})
+        assert full.payload(request) == plain and plain["tools"] == [WEATHER.to_openai()]
+        drafted = full.payload(ChatRequest(ASK, (WEATHER,), adapter="drafter"))
+        assert "tools" not in drafted and drafted["messages"][0]["content"] == ""
+        assert full.profile_for("served-elsewhere").name == "full"  # a name the server knows: the base's
+
+
+def test_own_scores_are_the_prompt_tokens_log_probs_and_whether_they_are_top(smollm2_dir):
+    with FakeServer([(200, score_reply(OWN))]) as server:
+        engine = engine_for(server, tokenizer=smollm2_dir)
+        [scores] = engine.score([ScoreRequest(PROMPT, [0, 1, 2], own=True)])
+    [body] = server.requests
+    assert server.paths == ["/v1/completions"]
+    assert body == {"model": "remote-model", "prompt": PROMPT, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
+    assert scores.logprobs == [[-0.1, 1.0], [-2.0, 0.0], [-0.3, 1.0]] and scores.estimated == 0
+    usage = scores.usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (4, 0)  # the sampled token is discarded
+    received = len(json.dumps(score_reply(OWN)).encode())
+    assert (usage.requests, usage.bytes_sent, usage.bytes_received) == (1, int(server.headers[0]["Content-Length"]),
+                                                                      received)
+
+
+def test_candidate_scores_read_the_top_k_and_bound_the_ones_outside_it(smollm2_dir):
+    reported = [{11: (-0.1, 1)}, {7: (-0.2, 1), 12: (-1.5, 2), 9: (-4.0, 20)}, {13: (-0.3, 1)}]
+    answer = {k: v for k, v in score_reply(reported).items() if k != "usage"}  # a server that reports none
+    with FakeServer([(200, answer)]) as server:
+        engine = engine_for(server, tokenizer=smollm2_dir)
+        [scores] = engine.score([ScoreRequest(PROMPT, [1], candidates=(7, 8), adapter="verdict-head")])
+    body = server.requests[0]
+    assert (body["model"], body["prompt_logprobs"]) == ("verdict-head", 20)
+    assert scores.logprobs == [[-0.2, -4.0]] and scores.estimated == 1  # 8 is not reported: the k-th log-prob
+    assert (scores.usage.prompt_tokens, scores.usage.completion_tokens) == (len(PROMPT), 0)  # counted here
+
+
+def test_likelihood_verdict_through_the_server_under_the_served_profile(bare_dir):
+    """The verify prompt is rendered here under the served model's profile, sent as token ids,
+    and each step is scored from the server's prompt log-probs: the first step all greedy (1.0),
+    one token of the second at p = 0.3 and not the top one."""
+    from specagent.engines.verdict_likelihood import LikelihoodVerifier
+
+    call = Message("assistant", None, tool_calls=(ToolCall("c1", "get_weather", {"city": "Paris"}),))
+    steps = (DraftedStep(call, StepKind.READ, (Message("tool", "Paris: 20C", tool_call_id="c1", name="get_weather"),)),
+             DraftedStep(Message("assistant", "It is 20C in Paris."), StepKind.REPLY))
+    with FakeServer([(200, reply("unused"))]) as server:
+        engine = engine_for(server, tokenizer=bare_dir)
+        ids, spans = LikelihoodVerifier(engine).prompt(ASK, (WEATHER,), steps)
+    off = spans[1][0] + 2  # a token inside the second step
+    reported = [{ids[t]: (-0.01, 1)} if t != off else {ids[t]: (math.log(0.3), 2), 0: (math.log(0.6), 1)}
+                for t in range(1, len(ids))]
+    with FakeServer([(200, score_reply(reported))]) as server:
+        engine = engine_for(server, tokenizer=bare_dir)
+        verdict, [(role, usage)] = LikelihoodVerifier(engine).verify(ASK, (WEATHER,), Segment(len(ASK), steps, "held"))
+        lenient, _ = LikelihoodVerifier(engine, threshold=0.25).verify(ASK, (WEATHER,), Segment(len(ASK), steps, "held"))
+    assert server.requests[0]["prompt"] == ids and server.requests[0]["prompt_logprobs"] == 0
+    assert verdict.scores == pytest.approx((1.0, 0.3)) and verdict.accepted == 1 and lenient.accepted == 2
+    assert role == "strong" and usage.prompt_tokens == len(ids) and usage.completion_tokens == 0
+    shown = engine.tokenizer.decode(ids)
+    assert "<tools>" not in shown and "weather assistant" not in shown  # bare: neither tools nor policy
+
+
+def test_scoring_retries_429_and_maps_context_overflow_as_chat_does(smollm2_dir):
+    with FakeServer([(429, {"error": {"message": "slow down"}}), (200, score_reply(OWN))]) as server:
+        [scores] = engine_for(server, tokenizer=smollm2_dir).score([ScoreRequest(PROMPT, [0], own=True)])
+    assert scores.logprobs == [[-0.1, 1.0]] and scores.usage.requests == 2 and len(server.requests) == 2
+    message = "This model's maximum context length is 2048 tokens. However, you requested 3001 tokens"
+    with FakeServer([(400, {"error": {"message": message, "type": "BadRequestError"}})]) as server:
+        engine = engine_for(server, tokenizer=smollm2_dir)
+        with pytest.raises(ContextLengthExceeded, match="v1/completions: This model's maximum context length"):
+            engine.score([ScoreRequest(PROMPT, [0], own=True)])
+    assert len(server.requests) == 1  # a client error is not retried
+
+
+def test_score_requests_of_one_call_run_concurrently(smollm2_dir):
+    with FakeServer([(200, score_reply(OWN))], delay_s=0.4) as server:
+        engine = engine_for(server, tokenizer=smollm2_dir)
+        began = time.perf_counter()
+        done = engine.score([ScoreRequest(PROMPT, [0, 2], own=True)] * 3)
+        elapsed = time.perf_counter() - began
+    assert [d.logprobs for d in done] == [[[-0.1, 1.0], [-0.3, 1.0]]] * 3 and len(server.requests) == 3
+    assert elapsed < 1.0  # one after another would take 1.2 s
+
+
+def test_scoring_without_the_models_dir_or_prompt_logprobs_says_what_is_missing(smollm2_dir):
+    with FakeServer([(200, reply("a chat reply, no prompt_logprobs"))]) as server:
+        engine = engine_for(server)
+        assert isinstance(engine, TokenScorer)  # the protocol only sees attributes: the config check guards
+        with pytest.raises(EngineError, match="strong.tokenizer"):
+            engine.score([ScoreRequest(PROMPT, [0], own=True)])
+        scorer = engine_for(server, tokenizer=smollm2_dir)
+        with pytest.raises(EngineError, match="prompt_logprobs"):
+            scorer.score([ScoreRequest(PROMPT, [0], own=True)])
+        with pytest.raises(EngineError, match="followed by a prompt token"):
+            scorer.score([ScoreRequest(PROMPT, [3], own=True)])
+
+
+def test_the_config_builds_it_and_the_likelihood_verdict_needs_the_tokenizer(bare_dir):
+    from specagent.config import RuntimeSpec
+    from specagent.engines import build_engine
+    from specagent.runtime.assembly import plan_models
+
+    strong = {"backend": "openai", "model": "s", "base_url": "http://127.0.0.1:9/v1"}
+    spec = RuntimeSpec.model_validate({"env": {"name": "store"}, "strong": {**strong, "tokenizer": bare_dir},
+                                       "verifier": {"kind": "likelihood"}})
+    assert plan_models(spec, ("specagent",)).wants_verifier
+    with build_engine(spec.strong) as engine:
+        assert engine.profile_for(None).name == "bare" and engine.tokenizer is not None
+    without = spec.model_copy(update={"strong": spec.strong.model_copy(update={"tokenizer": None})})
+    with pytest.raises(ConfigError, match="set strong.tokenizer to the served model's local dir"):
+        plan_models(without, ("specagent",))
 
 
 # --- a real vLLM server on SmolLM2 -------------------------------------------------------------
