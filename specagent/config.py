@@ -162,6 +162,8 @@ class EnvConfig(Strict):
     split: Optional[Literal["train", "calibration", "eval"]] = None
     # store only: "ticket" = the opening says everything; "multi_turn" = identity and order ids only when asked
     user: Literal["ticket", "multi_turn"] = "ticket"
+    # store splits only: just the generated tasks of these kinds (e.g. [status, cancel]), a smaller domain
+    kinds: Optional[list[str]] = None
     task_ids: Optional[list[str]] = None
     exclude_task_ids: list[str] = Field(default_factory=list)  # left out (e.g. the tasks an eval holds back)
     limit: Optional[int] = Field(None, gt=0)  # the first N tasks
@@ -173,6 +175,8 @@ class EnvConfig(Strict):
     def _settings_of_the_named_env(self) -> "EnvConfig":
         if self.name != "store" and (self.split is not None or self.user != "ticket"):
             raise ValueError(f"split and user are for the store environment, not {self.name!r}")
+        if self.kinds is not None and (self.name != "store" or self.split is None):
+            raise ValueError("kinds selects generated store tasks: it needs `name: store` and a `split`")
         if self.split and self.tasks_path:
             raise ValueError("split and tasks_path exclude each other: a split brings its own tasks")
         if self.name == "airline" and self.airline is None:

@@ -85,13 +85,21 @@ def mcp_env(cfg: EnvConfig) -> Environment:
 
 
 def select_tasks(env: Environment, cfg: EnvConfig) -> list[str]:
-    """`env.task_ids` (else every task), without `env.exclude_task_ids`, then the first `env.limit`."""
+    """`env.task_ids` (else every task), of `env.kinds` if given, without `env.exclude_task_ids`,
+    then the first `env.limit`."""
     available = env.task_ids()
     for key in ("task_ids", "exclude_task_ids"):
         unknown = [t for t in getattr(cfg, key) or () if t not in available]
         if unknown:
             raise ConfigError(f"env.{key}: unknown task ids {unknown} (the environment has {len(available)} tasks)")
     chosen = [t for t in (cfg.task_ids if cfg.task_ids is not None else available) if t not in cfg.exclude_task_ids]
+    if cfg.kinds is not None:
+        kind_of = {t: env.task(t).get("kind") for t in available}
+        unknown = sorted(set(cfg.kinds) - set(kind_of.values()))
+        if unknown:
+            raise ConfigError(f"env.kinds: no task of kind {unknown} in split {cfg.split!r} (its kinds: "
+                              f"{', '.join(sorted(k for k in set(kind_of.values()) if k))})")
+        chosen = [t for t in chosen if kind_of[t] in cfg.kinds]
     return chosen[: cfg.limit] if cfg.limit else chosen
 
 

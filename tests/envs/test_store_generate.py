@@ -340,3 +340,18 @@ def test_exclude_task_ids_leaves_tasks_out_and_checks_them():
     assert "lookup_01" not in chosen and len(chosen) == len(env.task_ids()) - 1
     with pytest.raises(ConfigError, match="env.exclude_task_ids: unknown task ids"):
         select_tasks(env, EnvConfig(exclude_task_ids=["lookup_1"]))
+
+
+def test_kinds_select_the_generated_tasks_of_those_kinds_and_are_checked():
+    from pydantic import ValidationError
+
+    from specagent.runtime.assembly import select_tasks
+
+    env = StoreEnv(split="eval")
+    chosen = select_tasks(env, EnvConfig(split="eval", kinds=["status", "cancel"]))
+    assert chosen == ["eval-status-0001", "eval-status-0002", "eval-cancel-0001", "eval-cancel-0002"]
+    assert select_tasks(env, EnvConfig(split="eval", kinds=["status"], limit=1)) == ["eval-status-0001"]
+    with pytest.raises(ConfigError, match=r"env.kinds: no task of kind \['stauts'\]"):
+        select_tasks(env, EnvConfig(split="eval", kinds=["stauts"]))
+    with pytest.raises(ValidationError, match="kinds selects generated store tasks"):
+        EnvConfig(kinds=["status"])  # the hand-checked tasks have categories, not kinds
