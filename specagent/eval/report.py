@@ -124,8 +124,10 @@ def markdown(report: dict[str, Any], plots: list[str]) -> str:
     lines = [
         f"# Eval report: `{cfg['output_dir']}`", "",
         (f"{tasks} task(s) of `{cfg['env']['name']}`, {cfg['trials']} trial(s) per arm. Ratios are against arm "
-         f"`{ref['strong']}` on the tasks both ran; gap recovered = (success − `{ref['weak']}`) / "
-         f"(`{ref['strong']}` − `{ref['weak']}`). Brackets: 95% intervals over tasks."), "",
+         f"`{ref['strong']}` on the tasks both ran"
+         + (f"; gap recovered = (success − `{ref['weak']}`) / (`{ref['strong']}` − `{ref['weak']}`)"
+            if ref['weak'] is not None else "")
+         + ". Brackets: 95% intervals over tasks."), "",
         *role_lines(report), "",
         "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
         *("| " + " | ".join(row) + " |" for row in table_rows(report)), "",
