@@ -305,6 +305,9 @@ class ArmConfig(Strict):
     name: str = Field(min_length=1)
     mode: Mode
     drafter_adapter: Optional[str] = None  # a path, or an adapter name of the weak engine
+    # this arm's own weak model (a drafter that is a model of its own, e.g. S's first layers);
+    # None: the eval's `weak`. Engines are still built once per distinct config.
+    weak: Optional[EngineConfig] = None
     verifier: Optional[VerifierConfig] = None  # specagent only; None: the generative verdict
     threshold_sweep: Optional[list[float]] = Field(None, min_length=1)  # head verifier: one run per threshold
 
@@ -312,8 +315,8 @@ class ArmConfig(Strict):
     def _consistent(self) -> "ArmConfig":
         if "@" in self.name:
             raise ValueError(f"arm name {self.name!r}: '@' is reserved for threshold-sweep runs (name@threshold)")
-        if self.drafter_adapter and self.mode == "strong":
-            raise ValueError(f"arm {self.name!r}: mode 'strong' has no drafter; drop drafter_adapter")
+        if (self.drafter_adapter or self.weak) and self.mode == "strong":
+            raise ValueError(f"arm {self.name!r}: mode 'strong' has no drafter; drop drafter_adapter and weak")
         if self.verifier and self.mode != "specagent":
             raise ValueError(f"arm {self.name!r}: only mode 'specagent' uses a verifier")
         if self.threshold_sweep is not None:

@@ -63,7 +63,7 @@ def stage_plan(stage: StageConfig, base: Path) -> tuple[list[str], Path, str]:
     done = {
         "collect": lambda: Path(cfg.output),
         "mine": lambda: Path(cfg.output_dir) / "stats.json",
-        "train drafter": lambda: Path(cfg.output_dir) / "adapter" / "adapter_config.json",
+        "train drafter": lambda: Path(cfg.output_dir) / "metrics.json",  # written last, LoRA or full model
         "train verdict": lambda: Path(cfg.output_dir) / "adapter" / "adapter_config.json",
         "eval": lambda: Path(cfg.output_dir) / "report.md",
     }[stage.command]()

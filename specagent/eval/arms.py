@@ -4,7 +4,7 @@ every arm's adapters are registered on the one engine that serves them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from specagent.config import ArmConfig, EvalConfig, RuntimeSpec, VerifierConfig
 from specagent.core.errors import ConfigError
@@ -49,8 +49,9 @@ def _register(adapters: dict[str, str], ref: str | None, name: str, where: str) 
 
 def with_shared_adapters(cfg: EvalConfig) -> EvalConfig:
     """Register every arm's adapters on the engine that serves them (drafters on the weak
-    engine; verdict adapters and the verdict head on the strong one) and let the arms name
-    them, so that one engine per model, built once, serves the whole matrix."""
+    engine, or on the arm's own weak model; verdict adapters and the verdict head on the
+    strong one) and let the arms name them, so that one engine per model, built once, serves
+    the whole matrix."""
     weak, strong = dict(cfg.weak.adapters), dict(cfg.strong.adapters)
     arms = []
     for i, arm in enumerate(cfg.arms):
@@ -58,8 +59,10 @@ def with_shared_adapters(cfg: EvalConfig) -> EvalConfig:
         if verifier is not None and verifier.kind == "generative" and verifier.adapter:
             name = _register(strong, verifier.adapter, f"{arm.name}-verdict", f"arms.{i}.verifier.adapter")
             verifier = verifier.model_copy(update={"adapter": name})
-        drafter = _register(weak, arm.drafter_adapter, f"{arm.name}-drafter", f"arms.{i}.drafter_adapter")
-        arms.append(arm.model_copy(update={"drafter_adapter": drafter, "verifier": verifier}))
+        own = dict(arm.weak.adapters) if arm.weak is not None else weak
+        drafter = _register(own, arm.drafter_adapter, f"{arm.name}-drafter", f"arms.{i}.drafter_adapter")
+        arm_weak = arm.weak.model_copy(update={"adapters": own}) if arm.weak is not None else None
+        arms.append(arm.model_copy(update={"drafter_adapter": drafter, "verifier": verifier, "weak": arm_weak}))
     heads = {str(head_adapter_dir(arm.verifier.head)) for arm in cfg.arms
              if arm.verifier is not None and arm.verifier.kind == "head" and not arm.verifier.merged}
     if len(heads) > 1:
@@ -80,5 +83,19 @@ def arm_spec(cfg: EvalConfig, run: ArmRun) -> RuntimeSpec:
     verifier = run.arm.verifier or VerifierConfig()
     if run.threshold is not None:
         verifier = verifier.model_copy(update={"threshold": run.threshold})
-    return RuntimeSpec(env=cfg.env, strong=cfg.strong, weak=cfg.weak, drafter_adapter=run.arm.drafter_adapter,
-                       verifier=verifier, protocol=cfg.protocol)
+    return RuntimeSpec(env=cfg.env, strong=cfg.strong, weak=run.arm.weak or cfg.weak,
+                       drafter_adapter=run.arm.drafter_adapter, verifier=verifier, protocol=cfg.protocol)
+
+
+def arm_engines(cfg: EvalConfig, runs: list[ArmRun]) -> dict[str, Any]:
+    """The engine config of every role every run needs, keyed `role` (the eval's own) or
+    `role@label` (an arm's own weak model): an `EnginePool` builds each distinct one once."""
+    from specagent.runtime.assembly import needed_roles
+
+    engines: dict[str, Any] = {}
+    for run in runs:
+        spec = arm_spec(cfg, run)
+        for role in needed_roles(run.arm.mode):
+            own = role == "weak" and run.arm.weak is not None
+            engines[f"{role}@{run.label}" if own else role] = getattr(spec, role)
+    return engines

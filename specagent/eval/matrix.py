@@ -11,13 +11,12 @@ from typing import Any
 
 from specagent.config import EvalConfig
 from specagent.engines import EnginePool
-from specagent.eval.arms import ArmRun, arm_spec, expand_arms, with_shared_adapters
+from specagent.eval.arms import ArmRun, arm_engines, arm_spec, expand_arms, with_shared_adapters
 from specagent.eval.report import write_report
 from specagent.runtime.assembly import (
     build_env,
     build_models,
     check_models,
-    needed_roles,
     open_run,
     protocol_config,
     scripted_policy,
@@ -38,7 +37,7 @@ def eval_from_config(cfg: EvalConfig, worker: type | None = None) -> dict[str, A
 
     check_executor(cfg.executor)
     env, tasks, out_dir, episodes = open_run(cfg, check)
-    roles = {role: getattr(shared, role) for run in runs for role in needed_roles(run.arm.mode)}
+    roles = arm_engines(shared, runs)
     if cfg.executor.kind == "ray":
         _run_on_ray(shared, runs, roles, tasks, episodes, worker)
     else:

@@ -102,13 +102,16 @@ def _verifier_text(verifier: dict[str, Any]) -> str:
 def role_lines(report: dict[str, Any]) -> list[str]:
     """Which model played which role, then what each arm added to it."""
     models: dict[str, str] = {}
-    for arm in report["arms"].values():
-        models.update({role: arm["roles"][role] for role in ("strong", "weak") if arm["roles"][role]})
+    for arm in report["arms"].values():  # the first model seen in a role is the eval's; arms may bring others
+        models.update({role: arm["roles"][role] for role in ("strong", "weak")
+                       if arm["roles"][role] and role not in models})
     what = {"strong": "strong model (verifies, repairs; acts in `strong`)",
             "weak": "weak model (drafts; acts in `weak`)"}
     lines = ["Roles: " + "; ".join(f"{what[role]} = `{name}`" for role, name in sorted(models.items()))]
     for label, arm in report["arms"].items():
         roles, parts = arm["roles"], []
+        if roles["weak"] and roles["weak"] != models.get("weak"):
+            parts.append(f"its own weak model `{roles['weak']}`")
         if roles["drafter_adapter"]:
             parts.append(f"drafter adapter `{roles['drafter_adapter']}`")
         if roles["verifier"]:

@@ -169,6 +169,24 @@ def test_cli_eval_resumes_without_rerunning_and_builds_one_engine(tmp_path, monk
     assert json.loads((tmp_path / "report.json").read_text())["arms"] == report["arms"]
 
 
+def test_an_arm_with_its_own_weak_model_drafts_with_it_and_engines_are_built_once(tmp_path, monkeypatch):
+    """W for the `weak` arm, and an arm whose own weak model (e.g. a drafter cut from S) is
+    another engine config: each distinct engine once, each arm with its model, the report says so."""
+    built = []
+    build = specagent.engines.build_engine
+    monkeypatch.setattr(specagent.engines, "build_engine", lambda *a, **k: built.append(a[0]) or build(*a, **k))
+    arms = ("arms=[{name: strong, mode: strong}, {name: weak, mode: weak}, "
+            "{name: drafter, mode: weak, weak: {backend: scripted, script: expert}}]")
+    assert main(["eval", "-c", CONFIG, f"output_dir={tmp_path}", "env.limit=3", "weak.script=reply", arms]) == 0
+    assert sorted(cfg.script for cfg in built) == ["expert", "reply"]  # the drafter shares the strong expert's engine
+    models = {(r["arm"], r["models"]["weak"]) for r in read_episodes(tmp_path / "episodes.jsonl") if r["arm"] != "strong"}
+    assert models == {("weak", "scripted-reply"), ("drafter", "scripted-expert")}
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["arms"]["drafter"]["roles"]["weak"] == "scripted-expert"
+    assert report["arms"]["weak"]["roles"]["weak"] == "scripted-reply"
+    assert "- `drafter`: its own weak model `scripted-expert`" in (tmp_path / "report.md").read_text()
+
+
 def test_report_of_a_dir_without_eval_config_is_a_clean_error(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "output_dir of a `specagent eval`" in capsys.readouterr().err
