@@ -168,6 +168,6 @@ def _append_as_mined(pool: ActorPool, groups: list[tuple[str, ...]], path: Path,
             append_rows(sink, [r for r in rows if r.trajectory_id not in done])
             done.update(ids)
             progress.add(sum(len(r.segments) for r in rows), sum(r.seconds_in_engines for r in rows))
-            bar.set_postfix(lost=pool.stats.actors_lost)
+            bar.set_postfix(lost=pool.stats.actors_lost, refresh=False)
             bar.update(len(ids))
     return progress

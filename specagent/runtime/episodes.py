@@ -185,7 +185,7 @@ def run_tasks(
                 records.append(record)
                 if on_episode is not None:
                     on_episode(ep, record)
-                bar.set_postfix(task=job.task, mode=job.mode, reward=ep.reward)
+                bar.set_postfix(task=job.task, mode=job.mode, reward=ep.reward, refresh=False)  # drawn by update()
                 bar.update()
             if not ep.tools_still_running:
                 return env

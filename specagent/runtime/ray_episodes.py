@@ -142,7 +142,7 @@ def _gather(pool: ActorPool, todo: Sequence[EpisodeJob], out_path: Path, done: s
             done.add(job.key)
             new.append(record)
             progress.add(1, engine_seconds(record))
-            bar.set_postfix(arm=job.arm or job.mode, reward=record["reward"], lost=pool.stats.actors_lost)
+            bar.set_postfix(arm=job.arm or job.mode, reward=record["reward"], lost=pool.stats.actors_lost, refresh=False)
             bar.update()
     return new
 
