@@ -152,8 +152,8 @@ def mine_shard_on_ray(trajectories: Sequence[Trajectory], worker: type, cfg: Min
     try:
         args = (cfg, require_ray().put(list(trajectories)))  # one copy in the object store, not one per actor
         with ActorPool(worker, args, cfg.executor) as pool:
-            progress = _append_as_mined(pool, groups, path, f"mining shard {shard.index}/{shard.count} on ray")
-        print(progress.line(pool))
+            figures = _append_as_mined(pool, groups, path, f"mining shard {shard.index}/{shard.count} on ray")
+        print(figures.line(pool))
     finally:
         shutdown_if(started)
     return path
@@ -161,13 +161,13 @@ def mine_shard_on_ray(trajectories: Sequence[Trajectory], worker: type, cfg: Min
 
 def _append_as_mined(pool: ActorPool, groups: list[tuple[str, ...]], path: Path, desc: str) -> Progress:
     """Each group's rows appended as they arrive, a trajectory never twice; the driver's figures."""
-    progress, done = Progress("segments"), set()
+    figures, done = Progress("segments"), set()
     with path.open("a") as sink, progress(total=sum(map(len, groups)), desc=desc, unit="traj") as bar:
         for ids, raw in pool.map("mine", groups):
             rows = [ShardRow.parse(r, f"actor result for {r.get('trajectory_id')}") for r in raw]
             append_rows(sink, [r for r in rows if r.trajectory_id not in done])
             done.update(ids)
-            progress.add(sum(len(r.segments) for r in rows), sum(r.seconds_in_engines for r in rows))
+            figures.add(sum(len(r.segments) for r in rows), sum(r.seconds_in_engines for r in rows))
             bar.set_postfix(lost=pool.stats.actors_lost, refresh=False)
             bar.update(len(ids))
-    return progress
+    return figures
