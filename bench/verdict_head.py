@@ -3,7 +3,7 @@ the transformers engine (logits) and vLLM (`prompt_logprobs`). Same rows, same p
 same threshold: AUROC, accuracy of the predicted accepted prefix, false-accept rate of
 invalid steps, decoded tokens per verdict, and how far the two engines' P(valid) differ.
 
-    python bench/verdict_head.py --head runs/quickstart/export/verdict [--backends transformers vllm]
+    python bench/verdict_head.py --head runs/store/export/verdict [--backends transformers vllm]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def score_rows(engine, rows, spec: HeadSpec) -> tuple[list[list[float]], int, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--head", default="runs/quickstart/export/verdict", help="export, training output or adapter dir")
+    parser.add_argument("--head", required=True, help="export, training output or adapter dir")
     parser.add_argument("--dataset", help="verdict dataset (default: the one the head was trained on)")
     parser.add_argument("--backends", nargs="+", default=["transformers", "vllm"], choices=["transformers", "vllm"])
     parser.add_argument("--max-model-len", type=int, default=8192)

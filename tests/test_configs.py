@@ -81,8 +81,7 @@ def test_quickstart_pipeline_and_every_stage_config_validate():
     plans = [stage_plan(stage, QUICKSTART.parent) for stage in stages]  # loads each stage's config
     used = {QUICKSTART.parent / s.config for s in stages if s.config} | {QUICKSTART}
     assert used == set(QUICKSTART_STAGES)
-    assert [argv[0] for argv, _, _ in plans] == ["collect", "mine", "train", "export", "train", "export", "export",
-                                                 "eval"]
+    assert [argv[0] for argv, _, _ in plans] == ["collect", "train", "export", "train", "export", "eval"]
 
 
 def test_every_config_file_is_covered():

@@ -51,12 +51,17 @@ def test_a_failing_stage_stops_the_pipeline_and_names_itself(tmp_path):
     assert (tmp_path / "demos.jsonl").is_file() and not (tmp_path / "eval" / "report.md").exists()
 
 
-def test_the_quickstart_keeps_its_eval_tasks_out_of_training_and_calibration():
-    """S, the drafter and the head never see the eval's tasks: the demonstrations leave them
-    out, and the head's calibration (mine's validation) tasks are others."""
-    from specagent.config import CollectConfig, EvalConfig, MineConfig, load_config
+def test_the_quickstart_keeps_its_eval_tasks_out_of_training():
+    """S and the drafter learn from the training split; the eval runs the eval split's tasks of
+    the same kinds (the store's splits share no user, order or held-out wording)."""
+    from specagent.config import CollectConfig, DrafterTrainConfig, EvalConfig, load_config
+    from specagent.envs.store import StoreEnv
+    from specagent.runtime.assembly import select_tasks
 
     base = Path(__file__).resolve().parents[1] / "configs" / "quickstart"
-    evaluated = set(load_config(EvalConfig, base / "eval.yaml").env.task_ids)
-    assert evaluated <= set(load_config(CollectConfig, base / "collect.yaml").env.exclude_task_ids)
-    assert not evaluated & set(load_config(MineConfig, base / "mine.yaml").validation_tasks)
+    collect, evaluate = load_config(CollectConfig, base / "collect.yaml"), load_config(EvalConfig, base / "eval.yaml")
+    assert (collect.env.split, evaluate.env.split) == ("train", "eval") and collect.env.kinds == evaluate.env.kinds
+    for name in ("strong.yaml", "drafter.yaml"):
+        assert load_config(DrafterTrainConfig, base / name).dataset == collect.output
+    evaluated = select_tasks(StoreEnv(split="eval"), evaluate.env)
+    assert len(evaluated) == 2 * len(evaluate.env.kinds) and all(t.startswith("eval-") for t in evaluated)

@@ -99,8 +99,8 @@ def test_every_shipped_cpu_config_gets_an_explicit_cache_that_fits_a_24_gib_mach
         # as `specagent serve`/`eval` would pass it: explicit bytes, so vLLM never asks for 0.92 x RAM
         engine_kwargs = {"model": "m", "max_model_len": engine["max_model_len"], **kwargs}
         assert plan_kv_cache("m", engine["max_model_len"], engine_kwargs, {}, MACHINE[0], config=SMOLLM2) == plan
-    assert ("configs/quickstart/mine.yaml", "drafter") in cpu
-    assert {p for p, _ in cpu} >= {"configs/eval/quickstart_vllm.yaml", "configs/run/airline_smollm2_vllm.yaml",
+    assert ("configs/quickstart/eval.yaml", "weak") in cpu  # an arm's own weak model (the drafter) too
+    assert {p for p, _ in cpu} >= {"configs/eval/store_smollm2_vllm.yaml", "configs/run/airline_smollm2_vllm.yaml",
                                    "configs/serve/store_smollm2_vllm.yaml", "configs/mine/airline_smollm2_live.yaml"}
     assert {str(p) for p in gpu} == {"configs/eval/gpu_qwen.yaml", "configs/run/gpu_qwen_vllm.yaml",
                                      "configs/eval/gpu_qwen_ray.yaml", "configs/mine/gpu_qwen_ray.yaml"}
