@@ -16,11 +16,13 @@ DRAFTING_MODES = ("stepwise", "specagent")
 
 
 def _colors(report: dict[str, Any]) -> dict[str, str]:
-    """One colour per arm in every plot: black for strong, grey for weak, a cycle for the rest."""
+    """One colour per arm in every plot: black for the first strong arm, grey for the first weak
+    one, a cycle for the rest (a second weak-mode arm, e.g. one with its own weak model, too)."""
     colors, others = {}, 0
     for label, arm in report["arms"].items():
-        if arm["mode"] in ("strong", "weak"):
-            colors[label] = {"strong": "black", "weak": "0.5"}[arm["mode"]]
+        fixed = {"strong": "black", "weak": "0.5"}.get(arm["mode"])
+        if fixed is not None and fixed not in colors.values():
+            colors[label] = fixed
         else:
             colors[label], others = f"C{others % 10}", others + 1
     return colors

@@ -261,3 +261,13 @@ def test_success_interval_is_a_wilson_interval_inside_0_1(solved, n, lo, hi):
     assert ci["mean"] == pytest.approx(solved / n)
     assert ci["lo"] == pytest.approx(lo, abs=1e-4) and ci["hi"] == pytest.approx(hi, abs=1e-4)
     assert 0.0 <= ci["lo"] <= ci["mean"] <= ci["hi"] <= 1.0
+
+
+def test_every_arm_has_its_own_colour_in_the_plots_even_two_of_one_mode():
+    from specagent.eval.plots import _colors
+
+    arms = {"strong": {"mode": "strong"}, "weak": {"mode": "weak"}, "drafter": {"mode": "weak"},
+            "specagent": {"mode": "specagent"}, "strong-2": {"mode": "strong"}}
+    colors = _colors({"arms": arms})
+    assert (colors["strong"], colors["weak"]) == ("black", "0.5")
+    assert len(set(colors.values())) == len(arms)
