@@ -1,9 +1,9 @@
 """Edge–cloud, measured: S behind a local vLLM OpenAI-compatible server, the drafter local.
 
 Starts a vLLM server for the strong model (`vllm_server.start_server`: specagent's chat
-template, prefix caching, the CPU KV cache sized), runs the eval config against it (arms
-`strong` and `specagent` of `configs/eval/quickstart_edge_cloud.yaml`: S alone over the
-network, and S reviewing the local drafter's segments with its likelihood verdict through
+template, prefix caching, the CPU KV cache sized), runs the eval config against it (arms of
+`configs/eval/quickstart_edge_cloud.yaml`: S alone over the network, W alone locally, and S
+reviewing the local drafter's segments with its likelihood verdict through
 `prompt_logprobs`), stops the server, and prints what crossed the network per arm: requests,
 prompt and completion tokens, bytes both ways, each against the `strong` arm.
 
