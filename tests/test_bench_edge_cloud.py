@@ -1,16 +1,6 @@
 """bench/edge_cloud.py's network table: each arm's totals and their ratio to the strong arm."""
 
-import importlib.util
-from pathlib import Path
-
-BENCH = Path(__file__).parents[1] / "bench" / "edge_cloud.py"
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("edge_cloud", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+from tests.helpers.bench import load_bench
 
 
 def totals(requests, prompt, completion, sent, received):
@@ -19,7 +9,7 @@ def totals(requests, prompt, completion, sent, received):
 
 
 def test_each_arm_is_set_against_the_strong_arm_and_nothing_is_divided_by_zero():
-    bench = load_bench()
+    bench = load_bench("edge_cloud")
     report = {"arms": {"strong": totals(10, 1000, 400, 8000, 4000), "specagent": totals(15, 3000, 100, 30000, 6000),
                        "weak": totals(0, 0, 0, 0, 0)}}
     table = bench.network_table(report)

@@ -1,19 +1,9 @@
 """bench/verdict_cost.py's repair prompt: the committed context after k accepted steps."""
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 from specagent.core.types import Message, ToolCall
-
-BENCH = Path(__file__).parents[1] / "bench" / "verdict_cost.py"
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("verdict_cost", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+from tests.helpers.bench import load_bench
 
 
 def call(name: str, i: int) -> Message:
@@ -21,7 +11,7 @@ def call(name: str, i: int) -> Message:
 
 
 def test_the_repair_prompt_ends_after_each_accepted_step_and_its_recorded_results():
-    bench = load_bench()
+    bench = load_bench("verdict_cost")
     messages = [Message("system", "s"), Message("user", "u"),
                 call("find_user_id_by_email", 1), Message("tool", "id", tool_call_id="c1", name="find_user_id_by_email"),
                 Message("assistant", None, tool_calls=(ToolCall("c2", "get_order_details", {}),

@@ -5,9 +5,7 @@ the run's steps in the comments, not by the code under test."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +16,8 @@ from specagent.engines.scripted import ScriptedEngine
 from specagent.eval.savings import Walk, bootstrap_share, simulate, totals
 from specagent.runtime.labelers import match_assignment
 from tests.data.conftest import AIRLINE_RUNS, AIRLINE_YAML
+from tests.helpers.bench import load_bench
 
-BENCH = Path(__file__).parents[2] / "bench" / "gpt4o_savings.py"
 RO = {"get_user_details": True, "get_reservation_details": True, "cancel_reservation": False}
 TOKENS = {"get_user_details": 10, "get_reservation_details": 20, "cancel_reservation": 30, "reply": 40}
 DONE = "Your reservation R1 has been cancelled."
@@ -321,9 +319,7 @@ def test_the_bench_drafts_in_the_live_airline_env_restored_to_each_point(airline
     """bench/gpt4o_savings.py's drafter on a scripted engine that writes GPT-4o's next step:
     every round runs in a live airline env restored to the walk's point, lookups for real."""
     run, ro = airline_run
-    spec = importlib.util.spec_from_file_location("gpt4o_savings", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("gpt4o_savings")
     steps = [m for m in run.messages if m.role == "assistant"]
 
     def gpt4o_next(messages, tools):  # the recorded step after as many assistant steps as the context holds
