@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from specagent.config import ArmConfig, EvalConfig, RuntimeSpec, VerifierConfig
 from specagent.core.errors import ConfigError
 from specagent.engines.verdict_head import head_adapter_dir
-from specagent.runtime.assembly import HEAD_ADAPTER, adapter_dir
+from specagent.runtime.assembly import HEAD_ADAPTER, adapter_dir, needed_roles
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,6 @@ def arm_spec(cfg: EvalConfig, run: ArmRun) -> RuntimeSpec:
 def arm_engines(cfg: EvalConfig, runs: list[ArmRun]) -> dict[str, Any]:
     """The engine config of every role every run needs, keyed `role` (the eval's own) or
     `role@label` (an arm's own weak model): an `EnginePool` builds each distinct one once."""
-    from specagent.runtime.assembly import needed_roles
-
     engines: dict[str, Any] = {}
     for run in runs:
         spec = arm_spec(cfg, run)

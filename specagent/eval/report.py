@@ -34,7 +34,7 @@ def _roles(run: ArmRun, models: dict[str, str]) -> dict[str, Any]:
         verifier = run.arm.verifier.model_dump() if run.arm.verifier else {"kind": "generative"}
         if run.threshold is not None:
             verifier["threshold"] = run.threshold
-    return {"strong": models.get("strong"), "weak": models.get("weak"),
+    return {"strong": models.get("strong"), "weak": models.get("weak"), "own_weak": run.arm.weak is not None,
             "drafter_adapter": run.arm.drafter_adapter, "verifier": verifier}
 
 
@@ -102,15 +102,15 @@ def _verifier_text(verifier: dict[str, Any]) -> str:
 def role_lines(report: dict[str, Any]) -> list[str]:
     """Which model played which role, then what each arm added to it."""
     models: dict[str, str] = {}
-    for arm in report["arms"].values():  # the first model seen in a role is the eval's; arms may bring others
+    for arm in report["arms"].values():  # the eval's models; an arm's own weak model is named with the arm
         models.update({role: arm["roles"][role] for role in ("strong", "weak")
-                       if arm["roles"][role] and role not in models})
+                       if arm["roles"][role] and not (role == "weak" and arm["roles"]["own_weak"])})
     what = {"strong": "strong model (verifies, repairs; acts in `strong`)",
             "weak": "weak model (drafts; acts in `weak`)"}
     lines = ["Roles: " + "; ".join(f"{what[role]} = `{name}`" for role, name in sorted(models.items()))]
     for label, arm in report["arms"].items():
         roles, parts = arm["roles"], []
-        if roles["weak"] and roles["weak"] != models.get("weak"):
+        if roles["own_weak"]:
             parts.append(f"its own weak model `{roles['weak']}`")
         if roles["drafter_adapter"]:
             parts.append(f"drafter adapter `{roles['drafter_adapter']}`")

@@ -100,8 +100,8 @@ def test_reference_arms_success_and_gap(matrix):
     assert weak["hi"] == pytest.approx(0.8500, abs=1e-4)
     assert arms["strong"]["gap_recovered"] == 1.0 and arms["weak"]["gap_recovered"] == 0.0
     assert arms["specagent"]["success"]["mean"] == 1.0 and arms["specagent"]["gap_recovered"] == 1.0
-    assert arms["specagent"]["roles"] == {"strong": "strong-expert", "weak": "weak-sorry", "drafter_adapter": None,
-                                          "verifier": {"kind": "generative"}}
+    assert arms["specagent"]["roles"] == {"strong": "strong-expert", "weak": "weak-sorry", "own_weak": False,
+                                          "drafter_adapter": None, "verifier": {"kind": "generative"}}
 
 
 def test_specagent_counts_match_the_episodes(matrix):
@@ -271,3 +271,17 @@ def test_every_arm_has_its_own_colour_in_the_plots_even_two_of_one_mode():
     colors = _colors({"arms": arms})
     assert (colors["strong"], colors["weak"]) == ("black", "0.5")
     assert len(set(colors.values())) == len(arms)
+
+
+def test_the_roles_line_names_the_evals_weak_model_whatever_the_order_of_the_arms():
+    from specagent.eval.report import role_lines
+
+    def roles(weak, own):
+        return {"roles": {"strong": "S", "weak": weak, "own_weak": own, "drafter_adapter": None, "verifier": None}}
+
+    report = {"arms": {"strong": {"roles": {"strong": "S", "weak": None, "own_weak": False, "drafter_adapter": None,
+                                            "verifier": None}},
+                       "drafter": roles("D", True), "weak": roles("W", False)}}
+    lines = role_lines(report)
+    assert lines[0].endswith("weak model (drafts; acts in `weak`) = `W`")
+    assert "- `drafter`: its own weak model `D`" in lines and not any(line.startswith("- `weak`") for line in lines)
