@@ -58,7 +58,8 @@ def main() -> None:
     table = network_table(report)
     print(f"\n{'arm':<12}" + "".join(f"{f:>20}" for f in FIELDS))
     for name, row in table.items():
-        cells = "".join(f"{row[f]:>12,.0f} ({row.get(f + '_ratio') or 0:.2f})" for f in FIELDS)
+        ratios = [row.get(f"{f}_ratio") for f in FIELDS]  # None: the strong arm had none of it
+        cells = "".join(f"{row[f]:>12,.0f} ({'–' if r is None else f'{r:.2f}':>4})" for f, r in zip(FIELDS, ratios))
         print(f"{name:<12}{cells}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"config": args.config, "strong": args.strong, "network": table,
