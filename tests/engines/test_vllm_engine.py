@@ -168,8 +168,10 @@ def test_prompt_scores_match_transformers_and_a_head_verdict_decodes_nothing(vll
             for position in (len(ids) - 3, len(ids) - 2):
                 request = ScoreRequest(ids, [position], [ids[position + 1]], adapter)
                 [served], [exact] = vllm_engine.score([request]), reference.score([request])
-                read = len(ids) if mode == "prompt_logprobs" else position + 1  # cached: the prompt cut there
-                assert served.usage.completion_tokens == 0 and served.usage.prompt_tokens == read
+                # prompt_logprobs: the whole prompt, twice when the position lies in its cached part;
+                # cached prefixes: the prompt cut there
+                read = (len(ids), 2 * len(ids)) if mode == "prompt_logprobs" else (position + 1,)
+                assert served.usage.completion_tokens == 0 and served.usage.prompt_tokens in read
                 if served.estimated:  # outside the top-k vLLM reports: the k-th log-prob, an upper bound
                     assert served.logprobs[0][0] >= exact.logprobs[0][0] - 0.3
                 else:
@@ -207,6 +209,34 @@ def test_cached_prefix_scoring_leaves_its_prefill_to_the_next_request(vllm_engin
     assert new < 1.5 * len(ids)  # about one prefill of the prompt, not three
     [repair] = vllm_engine.chat([ChatRequest(chat, max_tokens=4)])
     assert repair.usage.cached_tokens >= 0.8 * repair.usage.prompt_tokens
+
+
+def test_prompt_logprobs_read_the_prefix_cache_and_equal_a_full_prefill(vllm_engine):
+    """A likelihood verdict's prompt_logprobs read the prefix cache the previous round left
+    (vLLM V1 would prefill the whole prompt again): only the drafted tail is computed, and its
+    log-probs equal a full prefill's. A position inside the cached part is prefilled again."""
+    from specagent.core.interfaces import ChatRequest, ScoreRequest
+
+    tokenizer = vllm_engine.tokenizer
+    context = [Message("system", f"You are a careful assistant {uuid.uuid4().hex}. " * 40), Message("user", "Count to five.")]
+    [draft] = vllm_engine.chat([ChatRequest(context, max_tokens=12)])  # leaves the context's blocks cached
+    steps = context + [Message("assistant", "One, two, three, four, five. Shall I go on?")]
+    ids = tokenizer(render_prompt(tokenizer, steps, add_generation_prompt=False), add_special_tokens=False)["input_ids"]
+    context_len = len(tokenizer(render_prompt(tokenizer, context, add_generation_prompt=True),
+                                add_special_tokens=False)["input_ids"])
+    tail = list(range(context_len, len(ids) - 1))
+    [fresh] = vllm_engine._prompt_logprobs([ScoreRequest(ids, tail, own=True)], 0, read_cache=False)
+    [scores] = vllm_engine.score([ScoreRequest(ids, tail, own=True)])
+    block = vllm_engine.llm.llm_engine.vllm_config.cache_config.block_size  # the cache holds whole blocks
+    assert scores.usage.prompt_tokens == len(ids) and scores.usage.cached_tokens >= context_len - block > 0
+    expected = [fresh.prompt_logprobs[p + 1][ids[p + 1]] for p in tail]
+    # the same tokens through another attention path (cached blocks + tail): bf16 differences only
+    assert [lp for lp, _ in scores.logprobs] == pytest.approx([e.logprob for e in expected], abs=0.15)
+    assert sum(top == float(e.rank == 1) for (_, top), e in zip(scores.logprobs, expected)) >= len(tail) - 2
+
+    [early] = vllm_engine.score([ScoreRequest(ids, [2, len(ids) - 2], own=True)])  # position 2 is cached: again
+    assert early.usage.prompt_tokens == 2 * len(ids)
+    assert early.logprobs[0][0] == pytest.approx(fresh.prompt_logprobs[3][ids[3]].logprob, abs=0.15)
 
 
 def test_own_token_scores_match_transformers_and_a_likelihood_verdict_decodes_nothing(vllm_engine, smollm2_dir):
