@@ -70,6 +70,14 @@ class EnginePool:
                 self._engines[key] = build_engine(cfg, scripted_policy)
         return {role: self._engines[cfg.share_key()] for role, cfg in roles.items()}
 
+    def reset_prefix_caches(self) -> None:
+        """Empty every engine's prefix cache (engines that keep one: vLLM), so what runs next
+        finds none of what ran before: an eval's arms are measured from the same cold start."""
+        for engine in self._engines.values():
+            reset = getattr(engine, "reset_prefix_cache", None)
+            if reset is not None:
+                reset()
+
     def close(self) -> None:
         for engine in self._engines.values():
             engine.close()

@@ -243,6 +243,11 @@ class VLLMEngine:
                       seconds=time.perf_counter() - began)  # the sampled tokens come from prefill logits
         return Scores(logprobs=[found[p] for p in request.positions], usage=usage, estimated=estimated)
 
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached block: the next requests find nothing from earlier ones."""
+        if self.llm is not None and not self.llm.reset_prefix_cache():
+            raise EngineError(f"{self.model_name}: vLLM could not reset its prefix cache (requests in flight)")
+
     def close(self) -> None:
         """Stop vLLM's engine-core and worker processes; the engine answers no more requests."""
         llm, self.llm = self.llm, None

@@ -52,6 +52,7 @@ def _run_here(cfg: EvalConfig, runs: list[ArmRun], roles: dict[str, Any], env: A
     try:
         pool.for_roles(roles, scripted_policy(env, roles.values()))  # every engine once, every adapter on it
         for run in runs:
+            pool.reset_prefix_caches()  # no arm reuses the prefill of an arm before it
             spec = arm_spec(cfg, run)
             models = build_models(spec, env, pool, (run.arm.mode,), batch=cfg.concurrency > 1)
             names = {r: getattr(models, r).model_name for r in ("strong", "weak") if getattr(models, r) is not None}

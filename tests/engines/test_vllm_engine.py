@@ -239,6 +239,18 @@ def test_prompt_logprobs_read_the_prefix_cache_and_equal_a_full_prefill(vllm_eng
     assert early.logprobs[0][0] == pytest.approx(fresh.prompt_logprobs[3][ids[3]].logprob, abs=0.15)
 
 
+def test_reset_prefix_cache_leaves_nothing_for_the_next_request(vllm_engine):
+    from specagent.core.interfaces import ChatRequest
+
+    chat = [Message("system", f"You are terse {uuid.uuid4().hex}. " * 30), Message("user", "Say hi.")]
+    vllm_engine.chat([ChatRequest(chat, max_tokens=2)])
+    [again] = vllm_engine.chat([ChatRequest(chat, max_tokens=2)])
+    assert again.usage.cached_tokens > 0
+    vllm_engine.reset_prefix_cache()
+    [cold] = vllm_engine.chat([ChatRequest(chat, max_tokens=2)])
+    assert cold.usage.cached_tokens == 0
+
+
 def test_own_token_scores_match_transformers_and_a_likelihood_verdict_decodes_nothing(vllm_engine, smollm2_dir):
     """`ScoreRequest(own=True)`: the prompt's own next token at each position and whether it
     is the top one, from prompt_logprobs (vLLM always reports the actual token and its rank)."""

@@ -187,6 +187,25 @@ def test_an_arm_with_its_own_weak_model_drafts_with_it_and_engines_are_built_onc
     assert "- `drafter`: its own weak model `scripted-expert`" in (tmp_path / "report.md").read_text()
 
 
+def test_each_arm_starts_from_empty_prefix_caches(tmp_path, monkeypatch):
+    """An arm must not reuse the prefill of the arms before it (the strong arm's runs would be
+    in a later arm's cache): engines that keep a prefix cache are reset before every arm."""
+    events = []
+    build = specagent.engines.build_engine
+
+    def with_a_cache(*args, **kwargs):
+        engine = build(*args, **kwargs)
+        engine.reset_prefix_cache = lambda: events.append("reset")
+        chat = engine.chat
+        engine.chat = lambda requests: events.append("chat") or chat(requests)
+        return engine
+
+    monkeypatch.setattr(specagent.engines, "build_engine", with_a_cache)
+    assert main(["eval", "-c", CONFIG, f"output_dir={tmp_path}", "env.limit=1"]) == 0
+    arms = "".join("R" if e == "reset" else "c" for e in events).split("R")
+    assert arms[0] == "" and len(arms) == 1 + 4 and all(arms[1:])  # a reset, then that arm's calls; 4 arms
+
+
 def test_report_of_a_dir_without_eval_config_is_a_clean_error(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "output_dir of a `specagent eval`" in capsys.readouterr().err
