@@ -51,8 +51,11 @@ class VLLMEngineConfig(EngineBase):
     backend: Literal["vllm"]
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)  # vllm.LLM(...) as is: tensor_parallel_size, ...
     # how a verdict head's step boundaries are read: one request per boundary on the prompt cut
-    # there, through the prefix cache (cached_prefixes), or vLLM's prompt_logprobs (no cache)
+    # there, through the prefix cache (cached_prefixes), or one prompt_logprobs request per prompt
     head_scoring: Literal["cached_prefixes", "prompt_logprobs"] = "cached_prefixes"
+    # prompt_logprobs requests (likelihood verdicts, head_scoring: prompt_logprobs) read the prefix
+    # cache: only the uncached tail is prefilled. false: vLLM V1's default, every prompt prefilled anew
+    logprobs_read_cache: bool = True
 
 
 class OpenAIEngineConfig(EngineBase):
@@ -443,7 +446,16 @@ class CollectConfig(Strict):
     concurrency: int = Field(1, gt=0)  # episodes side by side, one thread each; their calls batch in the engine
     output: str = "runs/collect/trajectories.jsonl"
     min_reward: Optional[float] = None  # keep only runs at or above this reward
+    # store only: write each run with its user renamed to a made-up person, a fresh one per run
+    # (identification drills for a drafter: envs/store/made_up.py); runs that identify no user are left out
+    made_up_users: bool = False
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)  # local, or Ray actors (--ray)
+
+    @model_validator(mode="after")
+    def _made_up_users_need_the_store(self) -> "CollectConfig":
+        if self.made_up_users and self.env.name != "store":
+            raise ValueError(f"made_up_users: only the store domain renames its users, not {self.env.name!r}")
+        return self
 
 
 # --------------------------------------------------------------------- commands with flags, not YAML

@@ -30,6 +30,7 @@ def build_engine(cfg: Any, scripted_policy: Callable | None = None) -> ChatEngin
                 model=cfg.model, gguf_file=cfg.gguf_file, adapters=dict(cfg.adapters),
                 temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
                 max_model_len=cfg.max_model_len, engine_kwargs=dict(cfg.engine_kwargs), head_scoring=cfg.head_scoring,
+                logprobs_read_cache=cfg.logprobs_read_cache,
             )
         case "openai":
             from specagent.engines.openai_engine import OpenAIEngine

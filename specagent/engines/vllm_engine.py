@@ -66,6 +66,7 @@ class VLLMEngine:
         engine_kwargs: dict[str, Any] | None = None,
         model_name: str | None = None,
         head_scoring: str = "cached_prefixes",
+        logprobs_read_cache: bool = True,
     ) -> None:
         from transformers import AutoTokenizer
         from vllm import LLM
@@ -79,6 +80,7 @@ class VLLMEngine:
         if head_scoring not in ("cached_prefixes", "prompt_logprobs"):
             raise EngineError(f"head_scoring {head_scoring!r}: use cached_prefixes or prompt_logprobs")
         self.head_scoring = head_scoring
+        self.logprobs_read_cache = logprobs_read_cache
         self._requests_made = 0
         kwargs: dict[str, Any] = dict(model=self.model_dir, max_model_len=max_model_len, seed=seed,
                                       enable_prefix_caching=True, enable_lora=bool(adapters))
@@ -168,7 +170,7 @@ class VLLMEngine:
         if self.head_scoring == "cached_prefixes" and not any(r.own for r in requests):
             return [self._score_by_prefixes(r, top_k) for r in requests]
         began = time.perf_counter()
-        outputs = self._prompt_logprobs(requests, top_k, read_cache=True)
+        outputs = self._prompt_logprobs(requests, top_k, read_cache=self.logprobs_read_cache)
         spent = [(len(out.prompt_token_ids), out.num_cached_tokens or 0) for out in outputs]  # (prompt, cached)
         # A position inside the cached prefix has no log-probabilities (vLLM leaves them unset):
         # a request that needs one is prefilled again without reading the cache, and pays twice.
