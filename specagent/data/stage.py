@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -144,6 +146,11 @@ def collect_from_config(cfg: CollectConfig, worker: type | None = None) -> Path:
         )
         for r in records if cfg.min_reward is None or r["reward"] >= cfg.min_reward
     ]
+    if cfg.made_up_users:
+        from specagent.envs.store.made_up import rename
+
+        rng = random.Random(0)
+        trajectories = [t for t in (rename(t, rng) for t in trajectories) if t is not None]
     write_trajectories(out, trajectories)
     print(f"{len(trajectories)} trajectories -> {out} (mean reward "
           f"{sum(t.reward or 0 for t in trajectories) / max(len(trajectories), 1):.2f})")
