@@ -155,8 +155,6 @@ class VLLMEngine:
         vLLM must sample one token per request: it comes from the prefill's last logits (no
         decode pass), is discarded, and is not counted as decoded.
         """
-        from vllm import SamplingParams
-
         if self.llm is None:
             raise EngineUnavailable(f"{self.model_name}: the vLLM engine was closed")
         if not requests:

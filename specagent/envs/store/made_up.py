@@ -7,6 +7,8 @@ token; one trained on the store's 200 training users learns to recall a training
 instead (the quickstart's cut drafter answered "nadia.castro35" for diego.suzuki45). The same
 runs with every user renamed to a person drawn from names the store never uses, a fresh one
 per run, leave nothing to recall: the only way to the right call is to read the ticket.
+Measured on the quickstart's 10-layer drafter it did not get there: trained on these drills
+it wrote made-up names instead of training users' (docs/results.md, the quickstart pair).
 
 The renaming is textual and exact: the user's e-mail, user id, first and last name (as whole
 words, capitalized and lower case) are replaced in every message and call argument.
@@ -33,7 +35,6 @@ LAST = ["Adler", "Baptiste", "Carver", "Duarte", "Eriksen", "Falk", "Grimaldi", 
         "Ivarsson", "Jaeger", "Kaur", "Lozano", "Marsh", "Novotny", "Oyelaran", "Pham", "Ruggiero", "Sandoval",
         "Thorne", "Valdez", "Wallin", "Yamada", "Zeller", "Aquino", "Bauer", "Costa", "Delgado", "Engel", "Foster",
         "Gunn", "Horvat", "Ibsen", "Kraus", "Lambert", "Mori", "Nowak"]
-_EMAIL = re.compile(r"([a-z]+)\.([a-z]+)(\d*)@example\.com")
 _USER_ID = re.compile(r"([a-z]+)_([a-z]+)_(\d+)")
 
 
@@ -43,10 +44,9 @@ def identity(trajectory: Trajectory) -> dict[str, str] | None:
     calls = {c.id: c for m in trajectory.messages if m.role == "assistant" for c in m.tool_calls}
     for m in trajectory.messages:
         call = calls.get(m.tool_call_id or "") if m.role == "tool" else None
-        if call is None or not call.name.startswith("find_user_id_by_") or not _USER_ID.fullmatch(m.content or ""):
-            continue
-        first, last, _ = m.content.split("_")
-        return {"first": first.capitalize(), "last": last.capitalize(), "user_id": m.content}
+        found = _USER_ID.fullmatch(m.content or "") if call is not None and call.name.startswith("find_user_id_by_") else None
+        if found:
+            return {"first": found[1].capitalize(), "last": found[2].capitalize(), "user_id": m.content}
     return None
 
 
