@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, NonNegativeInt, PositiveInt, Tag, ValidationError,
+                      field_validator, model_validator)
 
 from specagent.core.errors import ConfigError
 from specagent.core.files import read_text
@@ -779,9 +780,18 @@ class DrafterTrainConfig(Strict):
     # how rows show tools and policy (engines/render.py PROFILES: full, signatures, compact, bare); saved
     # with the adapter, so the runtime serves it the same way. None: the base model's own (full if none)
     prompt_profile: Optional[Literal["full", "signatures", "compact", "bare"]] = None
-    # derive the drafter from `model` itself: keep its first k decoder layers and its LM head (self-speculative,
-    # as LayerSkip / Kangaroo); the output is then a full checkpoint in output_dir/model (a LoRA merged into it)
-    from_layers: Optional[int] = Field(None, gt=0)
+    # derive the drafter from `model` itself: keep its first k decoder layers (an int) or the listed ones, in
+    # order (e.g. [0, 1, 2, 3, 4, 5, 6, 27, 28, 29]: skip the middle, as Draft & Verify), and its LM head
+    # (self-speculative, as LayerSkip / Kangaroo); the output is then a full checkpoint in output_dir/model
+    # (a LoRA merged into it)
+    from_layers: Optional[Union[PositiveInt, list[NonNegativeInt]]] = None
+
+    @field_validator("from_layers")
+    @classmethod
+    def _layers_in_order(cls, layers: Any) -> Any:
+        if isinstance(layers, list) and (not layers or layers != sorted(set(layers))):
+            raise ValueError("a list of layers must be non-empty, increasing and without repeats")
+        return layers
     lora: Optional[LoraSettings] = Field(default_factory=LoraSettings)  # null: full fine-tuning
     train: OptimSettings = Field(default_factory=OptimSettings)
     acceptance: Optional[AcceptanceSettings] = None

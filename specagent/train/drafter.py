@@ -121,7 +121,7 @@ def drafter_trainer(cfg: DrafterTrainConfig, model: Any = None, tokenizer: Any =
         callbacks=callbacks)
     trainer.prompt_profile = profile  # saved beside the adapter by save_final
     trainer.merge_into_model = cfg.from_layers is not None
-    trainer.base_model_name = cfg.model + (f" (first {cfg.from_layers} decoder layers)" if cfg.from_layers else "")
+    trainer.base_model_name = cfg.model + (f" ({layers_named(cfg.from_layers)})" if cfg.from_layers else "")
     for callback in callbacks:
         if hasattr(callback, "bind"):
             callback.bind(trainer)
@@ -183,19 +183,33 @@ class ProfileInCheckpoints(TrainerCallback):
             self.profile.save(checkpoint)
 
 
-def first_layers(model: Any, k: int) -> Any:
-    """The model cut to its first ``k`` decoder layers, embeddings, final norm and LM head kept:
-    a drafter that reads S's own representation and costs k/L of its layers per token."""
+def first_layers(model: Any, layers: int | Sequence[int]) -> Any:
+    """The model cut to its first ``k`` decoder layers (an int) or to the listed ones in order,
+    embeddings, final norm and LM head kept: a drafter that reads S's own representation and
+    costs len(layers)/L of its layers per token. The kept layers are renumbered 0..n-1, so the
+    result is an ordinary checkpoint of the same architecture that every engine loads."""
+    import torch
+
     decoder = model.get_decoder()
     total = len(decoder.layers)
-    if k >= total:
-        raise ConfigError(f"from_layers={k}: the model has only {total} decoder layers; choose fewer")
-    decoder.layers = decoder.layers[:k]
+    keep = list(range(layers)) if isinstance(layers, int) else list(layers)
+    if len(keep) >= total or keep[-1] >= total:
+        raise ConfigError(f"from_layers={layers}: the model has {total} decoder layers (0..{total - 1}); "
+                          "keep fewer, by index")
+    decoder.layers = torch.nn.ModuleList([decoder.layers[i] for i in keep])
+    for new, layer in enumerate(decoder.layers):  # the KV cache is indexed by layer_idx
+        attention = getattr(layer, "self_attn", None)
+        if attention is not None and hasattr(attention, "layer_idx"):
+            attention.layer_idx = new
     config = model.config.get_text_config()
-    config.num_hidden_layers = k
+    config.num_hidden_layers = len(keep)
     if getattr(config, "layer_types", None):  # per-layer attention kinds (sliding / full) in newer configs
-        config.layer_types = config.layer_types[:k]
+        config.layer_types = [config.layer_types[i] for i in keep]
     return model
+
+
+def layers_named(layers: int | Sequence[int]) -> str:
+    return f"first {layers} decoder layers" if isinstance(layers, int) else f"decoder layers {list(layers)}"
 
 
 def report_truncation(trainer: Any, rows: Any, max_length: int | None) -> dict[str, Any] | None:

@@ -107,3 +107,48 @@ def test_vllm_loads_a_cut_checkpoint_and_counts_its_bytes(smollm2_dir, tmp_path)
     _, weight_bytes, layers = next(line for line in done.stdout.splitlines() if line.startswith("BYTES")).split()
     assert int(layers) == 8 and int(weight_bytes) == cut_params * 2  # bfloat16 on vLLM-CPU
     assert cut_params < 0.5 * full_params
+
+
+def test_a_drafter_from_listed_layers_skips_the_middle_and_loads_as_an_ordinary_checkpoint(strong_dir, tmp_path):
+    """from_layers: [0, 3] keeps the first and the last layer of four, renumbered 0 and 1: the
+    saved checkpoint's weights are those layers' own, and it generates with a KV cache."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specagent.train.drafter import first_layers
+
+    full = AutoModelForCausalLM.from_pretrained(strong_dir)
+    last = {k: v.clone() for k, v in full.model.layers[3].state_dict().items()}
+    cut = first_layers(full, [0, 3])
+    assert [layer.self_attn.layer_idx for layer in cut.model.layers] == [0, 1]
+    cut.save_pretrained(tmp_path / "cut")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "cut")
+    assert loaded.config.num_hidden_layers == 2
+    for name, tensor in loaded.model.layers[1].state_dict().items():
+        assert torch.equal(tensor, last[name]), name
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():  # cached decoding equals a full forward pass (layer_idx indexes the cache)
+        step = loaded.generate(ids, max_new_tokens=3, do_sample=False)
+        again = loaded(step).logits[0, -4:-1].argmax(-1)
+    assert torch.equal(step[0, -3:], again)
+
+
+@pytest.mark.parametrize("layers", [[], [2, 1], [0, 0], [-1, 2]])
+def test_the_schema_refuses_an_empty_unordered_or_repeated_list_of_layers(layers):
+    from pydantic import ValidationError
+
+    from specagent.config import DrafterTrainConfig
+
+    with pytest.raises(ValidationError):
+        DrafterTrainConfig(dataset="d", from_layers=layers)
+
+
+@pytest.mark.parametrize("layers", [[0, 9], [0, 1, 2, 3], 4])
+def test_a_cut_past_the_model_or_keeping_every_layer_is_refused(strong_dir, layers):
+    from transformers import AutoModelForCausalLM
+
+    from specagent.core.errors import ConfigError
+    from specagent.train.drafter import first_layers
+
+    with pytest.raises(ConfigError, match="decoder layers"):
+        first_layers(AutoModelForCausalLM.from_pretrained(strong_dir), layers)
