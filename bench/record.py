@@ -7,7 +7,8 @@ is kept here, small enough to commit, so the tables can be regenerated from it.
         --command "specagent eval -c configs/eval/store_expert_vllm.yaml"
     python bench/record.py runs/bench/store_pair.json --name store_pair --command "python bench/store_pair.py ..."
 
-An eval report (`specagent.report/v1`) is cut down to each arm's headline figures plus its
+An eval report (`specagent.report/v1`) is cut down to each arm's headline figures (acceptance per
+tool among them) plus its
 success per task category (the task id without its split and number, e.g. `cancel`); any
 other JSON is kept whole.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 HEADLINE = ("mode", "threshold", "roles", "episodes", "tasks", "success", "max_steps_episodes", "drafted_steps",
             "accepted_steps", "acceptance_rate", "mean_accepted_prefix", "repairs", "malformed_drafts",
             "strong_decode_tokens", "weak_decode_tokens", "memory_traffic_bytes", "wall_seconds",
-            "strong_decode_ratio", "memory_traffic_ratio", "wall_time_ratio", "gap_recovered")
+            "strong_decode_ratio", "memory_traffic_ratio", "wall_time_ratio", "gap_recovered", "per_tool")
 RESULTS = Path(__file__).parent / "results"
 
 
