@@ -7,10 +7,9 @@ is kept here, small enough to commit, so the tables can be regenerated from it.
         --command "specagent eval -c configs/eval/store_expert_vllm.yaml"
     python bench/record.py runs/bench/store_pair.json --name store_pair --command "python bench/store_pair.py ..."
 
-An eval report (`specagent.report/v1`) is cut down to each arm's headline figures (acceptance per
-tool among them) plus its
-success per task category (the task id without its split and number, e.g. `cancel`); any
-other JSON is kept whole.
+An eval report (`specagent.report/v1`) is cut down to each arm's headline figures (acceptance
+per tool among them) plus its success per task category (the task id without its split and
+number, e.g. `cancel`); any other JSON is kept whole.
 """
 
 from __future__ import annotations

@@ -785,6 +785,9 @@ class DrafterTrainConfig(Strict):
     # (self-speculative, as LayerSkip / Kangaroo); the output is then a full checkpoint in output_dir/model
     # (a LoRA merged into it)
     from_layers: Optional[Union[PositiveInt, list[NonNegativeInt]]] = None
+    lora: Optional[LoraSettings] = Field(default_factory=LoraSettings)  # null: full fine-tuning
+    train: OptimSettings = Field(default_factory=OptimSettings)
+    acceptance: Optional[AcceptanceSettings] = None
 
     @field_validator("from_layers")
     @classmethod
@@ -792,9 +795,6 @@ class DrafterTrainConfig(Strict):
         if isinstance(layers, list) and (not layers or layers != sorted(set(layers))):
             raise ValueError("a list of layers must be non-empty, increasing and without repeats")
         return layers
-    lora: Optional[LoraSettings] = Field(default_factory=LoraSettings)  # null: full fine-tuning
-    train: OptimSettings = Field(default_factory=OptimSettings)
-    acceptance: Optional[AcceptanceSettings] = None
 
 
 class VerdictTrainConfig(Strict):
