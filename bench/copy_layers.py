@@ -7,7 +7,8 @@ earlier layer wrote there. This bench feeds ``--sequences`` random
 token sequences of ``--length`` tokens, each repeated twice, and reports per layer the
 attention mass its best head puts, from each position of the second copy, on the position
 right after the same token in the first copy (1.0: a perfect induction head; chance is
-about 1/position), and the mass its best head puts on the previous position. Nothing is trained; one forward pass per sequence.
+about 1/position), and the mass its best head puts on the previous position. Nothing is
+trained; one forward pass per sequence.
 
     python bench/copy_layers.py runs/quickstart/export/strong/merged --out runs/bench/copy_layers.json
 
@@ -84,8 +85,9 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        args.out.write_text(json.dumps({"model": args.model, "sequences": args.sequences, "length": args.length,
-                                        "induction": scores, "previous_token": previous, "suggested": cut, "git_sha": sha}, indent=1) + "\n")
+        record = {"model": args.model, "sequences": args.sequences, "length": args.length,
+                  "induction": scores, "previous_token": previous, "suggested": cut, "git_sha": sha}
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
