@@ -1,14 +1,14 @@
 """Which decoder layers copy: a per-layer induction score, to choose the layers a drafter keeps.
 
 A drafter cut from S must copy names, ids and e-mails from the ticket into its tool calls.
-Copying is done by induction heads (a head at the second occurrence of a token attends to
-the token that followed its first occurrence), reading what a previous-token head in an
-earlier layer wrote there. This bench feeds ``--sequences`` random
-token sequences of ``--length`` tokens, each repeated twice, and reports per layer the
+In transformer LMs much of such copying is done by induction heads (a head at the second
+occurrence of a token attends to the token that followed its first occurrence), reading what
+a previous-token head in an earlier layer wrote there. This bench feeds ``--sequences``
+random token sequences of ``--length`` tokens, each repeated twice, and reports per layer the
 attention mass its best head puts, from each position of the second copy, on the position
-right after the same token in the first copy (1.0: a perfect induction head; chance is
-about 1/position), and the mass its best head puts on the previous position. Nothing is
-trained; one forward pass per sequence.
+right after the same token in the first copy (1.0: a perfect induction head; chance is about
+1/position), and the mass its best head puts on the previous position. Nothing is trained;
+one forward pass per sequence.
 
     python bench/copy_layers.py runs/quickstart/export/strong/merged --out runs/bench/copy_layers.json
 
