@@ -231,13 +231,16 @@ def test_prompt_logprobs_read_the_prefix_cache_and_equal_a_full_prefill(vllm_eng
     assert scores.usage.prompt_tokens == len(ids) and scores.usage.cached_tokens >= context_len - block > 0
     expected = [fresh.prompt_logprobs[p + 1][ids[p + 1]] for p in tail]
     # the same tokens through another attention path (cached blocks + tail): bf16 differences only,
-    # larger for unlikely tokens (-9.19 vs -8.96 seen); garbage (unset positions) would be far off
-    assert [lp for lp, _ in scores.logprobs] == pytest.approx([e.logprob for e in expected], abs=0.15, rel=0.05)
+    # larger for unlikely tokens (-9.19 vs -8.96 seen) and on a CPU that emulates bf16 (-2.33 vs
+    # -2.12 on an AVX2-only one); garbage (unset positions) would be nats off at most positions
+    got, want = [lp for lp, _ in scores.logprobs], [e.logprob for e in expected]
+    assert got == pytest.approx(want, abs=0.5, rel=0.1)
+    assert sum(abs(a - b) for a, b in zip(got, want)) / len(want) < 0.1
     assert sum(top == float(e.rank == 1) for (_, top), e in zip(scores.logprobs, expected)) >= len(tail) - 2
 
     [early] = vllm_engine.score([ScoreRequest(ids, [2, len(ids) - 2], own=True)])  # position 2 is cached: again
     assert early.usage.prompt_tokens == 2 * len(ids)
-    assert early.logprobs[0][0] == pytest.approx(fresh.prompt_logprobs[3][ids[3]].logprob, abs=0.15, rel=0.05)
+    assert early.logprobs[0][0] == pytest.approx(fresh.prompt_logprobs[3][ids[3]].logprob, abs=0.5, rel=0.1)
 
 
 def test_reset_prefix_cache_leaves_nothing_for_the_next_request(vllm_engine):
