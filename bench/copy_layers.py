@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from specagent.engines.models import materialize
+from specagent.runtime.provenance import versions
 
 
 def head_scores(model, sequences: int, length: int, seed: int = 0) -> tuple[list[float], list[float]]:
@@ -84,9 +84,9 @@ def main() -> None:
     print("suggested from_layers:", cut)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         record = {"model": args.model, "sequences": args.sequences, "length": args.length,
-                  "induction": scores, "previous_token": previous, "suggested": cut, "git_sha": sha}
+                  "induction": scores, "previous_token": previous, "suggested": cut,
+                  "git_sha": versions().get("git_sha")}
         args.out.write_text(json.dumps(record, indent=1) + "\n")
 
 
