@@ -35,20 +35,18 @@ def head_scores(model, sequences: int, length: int, seed: int = 0) -> tuple[list
     head's previous-token attention mass (what an induction head composes with)."""
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(seed)
-    totals, previous = None, None
+    queries = torch.arange(length + 1, 2 * length)  # second copy, from its 2nd token
+    keys = queries - length + 1                      # the token after the same one in copy 1
+    positions = torch.arange(1, 2 * length)
+    induction, previous = [], []
     for _ in range(sequences):
         half = torch.randint(1000, vocab - 1000, (length,), generator=generator)
-        ids = torch.cat([half, half]).unsqueeze(0)
         with torch.no_grad():
-            attentions = model(ids, output_attentions=True).attentions  # layers x [1, heads, T, T]
-        queries = torch.arange(length + 1, 2 * length)  # second copy, from its 2nd token
-        keys = queries - length + 1                      # the token after the same one in copy 1
-        per_layer = torch.stack([a[0][:, queries, keys].mean(-1).max() for a in attentions])
-        positions = torch.arange(1, 2 * length)
-        prev = torch.stack([a[0][:, positions, positions - 1].mean(-1).max() for a in attentions])
-        totals = per_layer if totals is None else totals + per_layer
-        previous = prev if previous is None else previous + prev
-    return (totals / sequences).tolist(), (previous / sequences).tolist()
+            attentions = model(torch.cat([half, half]).unsqueeze(0), output_attentions=True).attentions
+        # per layer [1, heads, T, T] -> the best head's mean mass on the target positions
+        induction.append(torch.stack([a[0][:, queries, keys].mean(-1).max() for a in attentions]))
+        previous.append(torch.stack([a[0][:, positions, positions - 1].mean(-1).max() for a in attentions]))
+    return torch.stack(induction).mean(0).tolist(), torch.stack(previous).mean(0).tolist()
 
 
 def suggest(induction: list[float], previous: list[float], keep: int, first: int, last: int) -> list[int]:
@@ -57,8 +55,9 @@ def suggest(induction: list[float], previous: list[float], keep: int, first: int
     n = len(induction)
     chosen = set(range(first)) | set(range(n - last, n))
     for i in sorted(range(first, n - last), key=lambda i: -induction[i]):
-        for layer in (i, max((j for j in range(first, i) if j not in chosen), key=lambda j: previous[j], default=None)):
-            if layer is not None and len(chosen) < keep:
+        below = [j for j in range(first, i) if j not in chosen]
+        for layer in [i] + ([max(below, key=lambda j: previous[j])] if below else []):
+            if len(chosen) < keep:
                 chosen.add(layer)
     return sorted(chosen)
 
