@@ -22,8 +22,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 HEADLINE = ("mode", "threshold", "roles", "episodes", "tasks", "success", "max_steps_episodes", "drafted_steps",
-            "accepted_steps", "acceptance_rate", "mean_accepted_prefix", "repairs", "malformed_drafts",
-            "strong_decode_tokens", "weak_decode_tokens", "memory_traffic_bytes", "wall_seconds",
+            "accepted_steps", "acceptance_rate", "mean_accepted_prefix", "repairs", "continued_repairs",
+            "malformed_drafts", "strong_decode_tokens", "strong_prefill_tokens", "strong_cached_tokens",
+            "weak_decode_tokens", "memory_traffic_bytes", "wall_seconds", "model_seconds",
             "strong_decode_ratio", "memory_traffic_ratio", "wall_time_ratio", "gap_recovered", "per_tool")
 RESULTS = Path(__file__).parent / "results"
 
@@ -45,11 +46,19 @@ def per_category(episodes: Path) -> dict[str, dict[str, dict[str, float]]]:
             for arm, cats in table.items()}
 
 
+def by_role(ledger: dict) -> dict[str, dict[str, float]]:
+    """model/role -> calls, tokens and engine seconds: where an arm's time went."""
+    keep = ("calls", "prompt_tokens", "cached_tokens", "decode_tokens", "seconds")
+    return {f"{model}/{role}": {k: stats[k] for k in keep} for model, roles in ledger.items()
+            for role, stats in roles.items()}
+
+
 def summarize(source: Path) -> dict:
     data = json.loads(source.read_text())
     if data.get("format") != "specagent.report/v1":
         return data
-    arms = {name: {k: arm.get(k) for k in HEADLINE} for name, arm in data["arms"].items()}
+    arms = {name: {**{k: arm.get(k) for k in HEADLINE}, "by_role": by_role(arm.get("ledger") or {})}
+            for name, arm in data["arms"].items()}
     episodes = source.parent / "episodes.jsonl"
     return {"format": data["format"], "arms": arms, "notes": data.get("notes", []),
             "per_category": per_category(episodes) if episodes.is_file() else None,

@@ -220,6 +220,9 @@ class VerifierConfig(Strict):
     # head: the strong model already holds the head (`specagent export --merge` of it): the base
     # weights read the boundaries and act, so the repair finds the verdict's prefill in the cache
     merged: bool = False
+    # likelihood: the repair goes on from the rejected step's opening that the strong model
+    # ranks first token by token, instead of decoding it again (the same step, fewer tokens)
+    continue_repairs: bool = True
 
     @model_validator(mode="after")
     def _head_needs_path(self) -> "VerifierConfig":

@@ -42,6 +42,10 @@ class ChatRequest:
     tools: Sequence[ToolSpec] = ()
     max_tokens: int = 256
     adapter: str | None = None  # a LoRA adapter name/path the engine knows, None = base weights
+    # Assistant text the reply starts with: rendered after the assistant header, decoding goes
+    # on from its end, the completion's text begins with it and only the new tokens count as
+    # decoded. An engine that cannot continue a message decodes the whole step instead.
+    continuation: str = ""
 
 
 @dataclass(frozen=True)

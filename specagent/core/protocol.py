@@ -95,6 +95,7 @@ class Episode:
     env_seconds: float = 0.0
     final_hash: str = ""
     invalid_verdicts: int = 0  # rounds whose verdict was unparseable, out of range, not an int, or raised
+    continued_repairs: int = 0  # repairs that went on from the rejected step's opening S itself ranks first
     unknown_effects: list[str] = field(default_factory=list)  # write calls that timed out while running
     tools_still_running: list[str] = field(default_factory=list)  # at the end: the env must not be reused
 
@@ -119,6 +120,7 @@ class Episode:
             "repairs": sum(s.status is StepStatus.REPAIRED for s in self.steps),
             "malformed_drafts": sum(s.status is StepStatus.MALFORMED for s in drafted),
             "invalid_verdicts": self.invalid_verdicts,
+            "continued_repairs": self.continued_repairs,
             "committed_steps": sum(s.status is not StepStatus.REJECTED and s.status is not StepStatus.MALFORMED for s in self.steps),
             "per_tool": per_tool,
         }
@@ -145,6 +147,7 @@ class EpisodeRunner:
         self.episode = Episode(task_id=task_id, mode=mode)
         self.done = False
         self.round = 0
+        self._repair_from = ""  # the last verdict's opening of the first rejected step (Verdict.repair_from)
 
     # ------------------------------------------------------------------ the loop
     def run(self, start_from: Sequence[Message] | None = None) -> Episode:
@@ -200,6 +203,7 @@ class EpisodeRunner:
     def _specagent_round(self) -> None:
         ep = self.episode
         segment = self._draft()
+        self._repair_from = ""
         accepted = self._judge(segment) if segment.verifiable else 0
         if not segment.verifiable:
             ep.verdicts.append("(nothing to verify)")
@@ -215,7 +219,9 @@ class EpisodeRunner:
                 self._record(step, "weak", StepStatus.MALFORMED if bad else StepStatus.REJECTED)
         all_in = accepted == len(segment.steps)
         if not all_in:  # the strong model repairs step accepted+1, from a prefix of the verify prompt
-            repair = self._generate("strong", "repair", ep.messages)
+            opening = self._repair_from if accepted < len(segment.verifiable) else ""
+            repair = self._generate("strong", "repair", ep.messages, continuation=opening)
+            ep.continued_repairs += bool(opening)
             self._commit(repair.message, "strong", StepStatus.REPAIRED, repair.malformed)
 
     # ------------------------------------------------------------------ pieces
@@ -233,6 +239,9 @@ class EpisodeRunner:
         else:
             why = None
         accepted, invalid = granted_prefix(verdict, len(segment.verifiable)) if why is None else (0, why)
+        # only a valid verdict's own opening of its first rejected step; a string, nothing else
+        opening = getattr(verdict, "repair_from", "") if invalid is None else ""
+        self._repair_from = opening if isinstance(opening, str) else ""
         raw = getattr(verdict, "raw", "")
         ep.verdicts.append(raw if invalid is None else f"(invalid verdict: {invalid}) {raw}".rstrip())
         ep.invalid_verdicts += invalid is not None
@@ -256,11 +265,12 @@ class EpisodeRunner:
     def _adapter(self, model: str) -> str | None:
         return self.models.strong_adapter if model == "strong" else self.models.weak_adapter
 
-    def _generate(self, model: str, role: str, context: Sequence[Message]) -> Completion:
-        """One step from `model`, with call ids fixed by position so runs compare byte for byte."""
+    def _generate(self, model: str, role: str, context: Sequence[Message], continuation: str = "") -> Completion:
+        """One step from `model`, with call ids fixed by position so runs compare byte for byte;
+        ``continuation``: the text the step starts with (`ChatRequest.continuation`)."""
         adapter = self._adapter(model)
         engine = self._engine(model)
-        request = ChatRequest(list(context), self.tools, self.config.max_tokens, adapter)
+        request = ChatRequest(list(context), self.tools, self.config.max_tokens, adapter, continuation)
         completion = engine.chat([request])[0]
         self.episode.ledger.record(model, role, completion.usage, engine.cost.for_adapter(adapter))
         return replace(completion, message=assign_call_ids(completion.message, len(context)))

@@ -183,6 +183,10 @@ class Verdict:
     raw: str = ""
     scores: tuple[float, ...] = ()  # P(valid | prefix) per step, for a verdict head
     invalid: str | None = None  # why the reply is not a verdict (then nothing is accepted)
+    # The first rejected step's opening that the strong model itself ranks first, token by
+    # token, up to the first token it would not write (a likelihood verdict reads this in its
+    # prefill): the repair continues from it instead of decoding it again. Never decoded text.
+    repair_from: str = ""
 
 
 @dataclass

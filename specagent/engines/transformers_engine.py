@@ -193,7 +193,7 @@ class TransformersEngine:
 
     def _prompt_ids(self, request: ChatRequest) -> list[int]:
         text = render_prompt(self.tokenizer, request.messages, request.tools, profile=self.profile_for(request.adapter))
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer(text + request.continuation, add_special_tokens=False)["input_ids"]
         if len(ids) + request.max_tokens > self.max_model_len:
             raise ContextLengthExceeded(
                 f"{self.model_name}: prompt of {len(ids)} tokens + max_tokens {request.max_tokens} = "
@@ -204,7 +204,7 @@ class TransformersEngine:
 
     def _completion(self, request: ChatRequest, prompt_tokens: int, gen: _Generated, seconds: float) -> Completion:
         text_ids = gen.ids[:-1] if gen.stopped else gen.ids
-        text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
+        text = request.continuation + self.tokenizer.decode(text_ids, skip_special_tokens=False)
         message, malformed = parse_assistant_text(text, request.tools)
         usage = Usage(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=len(gen.ids), seconds=seconds)
         return Completion(text=text, message=message, usage=usage, malformed=malformed,

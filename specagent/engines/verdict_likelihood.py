@@ -56,24 +56,56 @@ def step_token_spans(tokenizer: Any, messages: Sequence[Message], tools: Sequenc
     return ids, spans
 
 
+def step_entries(entries: Sequence[Sequence[float]], spans: Sequence[tuple[int, int]]) -> list[Sequence[Sequence[float]]]:
+    """The scored positions, split per step."""
+    out, i = [], 0
+    for first, last in spans:
+        out.append(entries[i: i + last - first + 1])
+        i += last - first + 1
+    return out
+
+
 def step_scores(entries: Sequence[Sequence[float]], spans: Sequence[tuple[int, int]]) -> list[float]:
     """Per step: 1.0 if every token is the top one, else the least probability among those that are not."""
-    scores, i = [], 0
-    for first, last in spans:
-        own = entries[i: i + last - first + 1]
-        i += last - first + 1
+    scores = []
+    for own in step_entries(entries, spans):
         off = [math.exp(logprob) for logprob, is_top in own if not is_top]
         scores.append(min(off) if off else 1.0)
     return scores
 
 
+def greedy_run(own: Sequence[Sequence[float]]) -> int:
+    """How many of a step's tokens, from its first, are the strong model's greedy choices."""
+    return next((n for n, (_, is_top) in enumerate(own) if not is_top), len(own))
+
+
+def opening_text(tokenizer: Any, prompt: str, header: str, end_token: int) -> str:
+    """The text of a step in `prompt` from its start (the end of `header`, the prompt of the
+    context before it) up to the end of token `end_token`; "" when the two do not line up
+    (a token that spans the header's end)."""
+    if end_token < 0 or not prompt.startswith(header):
+        return ""
+    offsets = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    if end_token >= len(offsets):
+        return ""
+    end = offsets[end_token][1]
+    starts = {start for start, _ in offsets}
+    return prompt[len(header):end] if end > len(header) and len(header) in starts else ""
+
+
 class LikelihoodVerifier:
     """Verdicts from the strong model's own token probabilities: one prefill, zero decoded tokens."""
 
-    def __init__(self, engine: TokenScorer, threshold: float | None = None, adapter: str | None = None) -> None:
+    def __init__(self, engine: TokenScorer, threshold: float | None = None, adapter: str | None = None,
+                 continue_repairs: bool = True) -> None:
+        """``continue_repairs``: the verdict names the first rejected step's opening that the
+        strong model ranks first token by token (`Verdict.repair_from`), so the repair decodes
+        only from where the draft left the strong model's greedy path; only valid when the
+        repair runs on the weights that scored (the engine's base weights: ``adapter`` None)."""
         self.engine = engine
         self.threshold = GREEDY if threshold is None else threshold
         self.adapter = adapter
+        self.continue_repairs = continue_repairs and adapter is None
 
     def prompt(self, context: Sequence[Message], tools: Sequence[ToolSpec],
                steps: Sequence[DraftedStep]) -> tuple[list[int], list[tuple[int, int]]]:
@@ -84,16 +116,38 @@ class LikelihoodVerifier:
 
     def scores(self, context: Sequence[Message], tools: Sequence[ToolSpec],
                steps: Sequence[DraftedStep]) -> tuple[list[float], Usage]:
+        scores, usage, _ = self._score(context, tools, steps)
+        return scores, usage
+
+    def _score(self, context: Sequence[Message], tools: Sequence[ToolSpec], steps: Sequence[DraftedStep]
+               ) -> tuple[list[float], Usage, Any]:
         ids, spans = self.prompt(context, tools, steps)
         positions = [t - 1 for first, last in spans for t in range(first, last + 1)]  # read before each token
         scored = self.engine.score([ScoreRequest(ids, positions, adapter=self.adapter, own=True)])[0]
-        return step_scores(scored.logprobs, spans), scored.usage
+        return step_scores(scored.logprobs, spans), scored.usage, (spans, step_entries(scored.logprobs, spans))
 
     def verify(self, context: Sequence[Message], tools: Sequence[ToolSpec], segment: Segment
                ) -> tuple[Verdict, list[tuple[str, Usage]]]:
         steps = segment.verifiable
         if not steps:
             return Verdict(accepted=0, raw="(nothing to verify)"), []
-        scores, usage = self.scores(context, tools, steps)
+        scores, usage, (spans, per_step) = self._score(context, tools, steps)
+        accepted = accepted_prefix(scores, self.threshold)
         raw = "likelihood " + " ".join(f"{s:.3f}" for s in scores)
-        return Verdict(accepted=accepted_prefix(scores, self.threshold), raw=raw, scores=tuple(scores)), [("strong", usage)]
+        opening = ""
+        if self.continue_repairs and accepted < len(steps):
+            run = greedy_run(per_step[accepted])
+            opening = self.opening(context, tools, steps, accepted, spans[accepted][0] + run - 1) if run else ""
+        verdict = Verdict(accepted=accepted, raw=raw, scores=tuple(scores), repair_from=opening)
+        return verdict, [("strong", usage)]
+
+    def opening(self, context: Sequence[Message], tools: Sequence[ToolSpec], steps: Sequence[DraftedStep],
+                index: int, end_token: int) -> str:
+        """The text of drafted step `index` up to the verify prompt's token `end_token`."""
+        messages = [*context, *render_steps(steps)]
+        where = step_message_indices(len(context), steps)[index]
+        profile = self.engine.profile_for(self.adapter)
+        tokenizer = self.engine.tokenizer
+        prompt = render_prompt(tokenizer, messages, tools, profile=profile)
+        header = render_prompt(tokenizer, messages[:where], tools, profile=profile)
+        return opening_text(tokenizer, prompt, header, end_token)

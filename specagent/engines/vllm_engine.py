@@ -265,7 +265,7 @@ class VLLMEngine:
 
     def _prompt_ids(self, request: ChatRequest) -> list[int]:
         text = render_prompt(self.tokenizer, request.messages, request.tools, profile=self.profile_for(request.adapter))
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer(text + request.continuation, add_special_tokens=False)["input_ids"]
         if len(ids) + request.max_tokens > self.max_model_len:  # the transformers engine's rule
             raise ContextLengthExceeded(
                 f"{self.model_name}: prompt of {len(ids)} tokens + max_tokens {request.max_tokens} = "
@@ -343,7 +343,7 @@ class VLLMEngine:
         generated = output.outputs[0]
         ids = list(generated.token_ids)
         stopped = bool(ids) and ids[-1] in self._stop_ids
-        text = self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
+        text = request.continuation + self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
         message, malformed = parse_assistant_text(text, request.tools)
         usage = Usage(
             prompt_tokens=len(output.prompt_token_ids),

@@ -265,7 +265,7 @@ def build_verifier(cfg: RuntimeSpec, plan: ModelPlan, strong: Any, env: Environm
             if not isinstance(strong, TokenScorer):
                 raise ConfigError(f"verifier kind 'likelihood' needs a strong engine that scores prompt positions "
                                   f"({', '.join(SCORING_BACKENDS)}), not {cfg.strong.backend!r}")
-            return LikelihoodVerifier(strong, cfg.verifier.threshold)
+            return LikelihoodVerifier(strong, cfg.verifier.threshold, continue_repairs=cfg.verifier.continue_repairs)
         case "scripted":
             return expert_verifier(env)
     return GenerativeVerifier(strong, adapter=plan.verdict_adapter, max_tokens=cfg.verifier.max_tokens)

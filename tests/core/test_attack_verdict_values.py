@@ -105,3 +105,41 @@ def test_numpy_style_integers_are_verdicts():
 
     env, ep = run(Returns(Integral(K), "verdict"))
     assert env.write_log and not invalid_rounds(ep)[0]
+
+
+class Opens:
+    """A verifier whose verdict also names an opening for the repair (`Verdict.repair_from`),
+    as a verdict object or as a look-alike that is not one."""
+
+    def __init__(self, value, opening, bare: bool = False) -> None:
+        self.value, self.opening, self.bare = value, opening, bare
+
+    def verify(self, context, tools, segment):
+        if self.bare:
+            return type("LookAlike", (), {"accepted": self.value, "repair_from": self.opening})(), []
+        return Verdict(accepted=self.value, raw="", repair_from=self.opening), [("strong", Usage(prompt_tokens=10))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(VALUES, st.integers(0, K)), st.one_of(st.text(max_size=8), st.none(), st.integers(), st.binary()),
+       st.booleans())
+def test_a_repair_continues_only_from_a_valid_verdicts_own_opening(value, opening, bare):
+    """The strong engine is asked to continue a text only when the verdict is valid, rejects a
+    step, and names a non-empty string; whatever else a verifier returns, the repair is whole."""
+    asked = []
+
+    class Strong(ScriptedEngine):
+        def chat(self, requests):
+            asked.extend(r.continuation for r in requests)
+            return super().chat(requests)
+
+    env = ToyEnv()
+    models = Models(Strong(lambda m, t: Message("assistant", content="done"), "strong"), ScriptedEngine(weak, "weak"),
+                    Opens(value, opening, bare))
+    ep = run_episode(env, "t0", "specagent", models, ProtocolConfig(max_draft_steps=4, max_steps=2))
+    approved = not bare and valid(value) and value == K
+    continues = not bare and valid(value) and value < K and isinstance(opening, str) and opening != ""
+    assert (asked[0] if asked else None) == (None if approved else opening if continues else "")
+    assert all(isinstance(a, str) for a in asked)
+    assert ep.continued_repairs == ep.counts()["continued_repairs"] == int(continues)
+    assert bool(env.write_log) == approved

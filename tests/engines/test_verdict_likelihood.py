@@ -109,3 +109,52 @@ def test_the_runtime_builds_it_from_the_config(smollm2_engine):
                                        "verifier": {"kind": "likelihood", "threshold": 0.5}})
     verifier = build_verifier(spec, plan_models(spec, ("specagent",)), smollm2_engine, StoreEnv())
     assert isinstance(verifier, LikelihoodVerifier) and verifier.threshold == 0.5
+
+
+def test_a_repair_goes_on_from_the_rejected_steps_greedy_opening_and_writes_the_same_step(smollm2_engine):
+    """The call with another city leaves greedy SmolLM2's path at the city: the verdict names
+    the step's text up to there, and the repair that continues from it writes the step the
+    repair from scratch writes, decoding fewer tokens."""
+    from specagent.core.interfaces import ChatRequest
+
+    context = weather_chat("Paris")
+    call = greedy_step(smollm2_engine, context, observation="Paris: 20C, clear")
+    changed = [c.__class__(c.id, c.name, {**c.arguments, "city": "Lyon"}) for c in call.message.tool_calls]
+    wrong = DraftedStep(Message("assistant", None, tool_calls=tuple(changed)), StepKind.READ, call.observations)
+    verdict, _ = LikelihoodVerifier(smollm2_engine).verify(context, [WEATHER], Segment(len(context), (wrong,), "held"))
+    assert verdict.accepted == 0
+    assert verdict.repair_from.startswith("<tool_call>") and "get_weather" in verdict.repair_from
+    assert "Lyon" not in verdict.repair_from
+
+    scratch = smollm2_engine.chat([ChatRequest(context, [WEATHER], max_tokens=64)])[0]
+    went_on = smollm2_engine.chat([ChatRequest(context, [WEATHER], max_tokens=64, continuation=verdict.repair_from)])[0]
+    assert went_on.text == scratch.text and went_on.message.tool_calls == scratch.message.tool_calls
+    opening_tokens = len(smollm2_engine.tokenizer(verdict.repair_from, add_special_tokens=False)["input_ids"])
+    assert went_on.usage.completion_tokens == scratch.usage.completion_tokens - opening_tokens
+    assert went_on.usage.prompt_tokens == scratch.usage.prompt_tokens + opening_tokens
+
+    # switched off, or scored on an adapter the repair does not run on: no opening
+    off = LikelihoodVerifier(smollm2_engine, continue_repairs=False)
+    assert off.verify(context, [WEATHER], Segment(len(context), (wrong,), "held"))[0].repair_from == ""
+    assert not LikelihoodVerifier(smollm2_engine, adapter="judge").continue_repairs
+
+
+def test_an_opening_is_only_text_of_the_step_itself():
+    from specagent.engines.verdict_likelihood import greedy_run, opening_text
+
+    class Chars:  # one token per character
+        def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+            return {"offset_mapping": [(i, i + 1) for i in range(len(text))]}
+
+    assert greedy_run([[-0.1, 1.0], [-0.2, 1.0], [-3.0, 0.0], [-0.1, 1.0]]) == 2
+    assert greedy_run([[-0.1, 1.0]]) == 1 and greedy_run([[-2.0, 0.0]]) == 0
+    assert opening_text(Chars(), "HEADER|step text", "HEADER|", 10) == "step"
+    assert opening_text(Chars(), "HEADER|step text", "HEADER|", 6) == ""  # ends inside the header
+    assert opening_text(Chars(), "HEADER|step text", "OTHER|", 10) == ""  # not the same context
+
+    class Merged(Chars):  # a token that spans the header's end
+        def __call__(self, text, **kw):
+            return {"offset_mapping": [(0, 6), (6, 8), *[(i, i + 1) for i in range(8, len(text))]]}
+
+    assert opening_text(Merged(), "HEADER|step text", "HEADER|", 3) == ""
+    assert opening_text(Chars(), "HEADER|step", "HEADER|", 99) == ""  # no such token

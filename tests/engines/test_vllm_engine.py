@@ -280,3 +280,29 @@ def test_own_token_scores_match_transformers_and_a_likelihood_verdict_decodes_no
                                                                              Segment(len(context), steps, "held"))
         assert [u.completion_tokens for _, u in usages] == [0] and len(verdict.scores) == 1
         assert 0.0 < verdict.scores[0] <= 1.0 and verdict.raw.startswith("likelihood")
+
+
+def test_a_continued_repair_finds_the_verify_prefill_in_the_cache_and_decodes_only_the_rest(vllm_engine):
+    """A likelihood verdict that rejects a call with the wrong city names the call's opening
+    greedy S would write; the repair that continues from it reads the verify prefill from the
+    prefix cache (the opening included), decodes fewer tokens than a repair from scratch and
+    writes a tool call of the same tool (its exact text is not asserted: bf16 kernels differ)."""
+    from specagent.core.types import DraftedStep, Segment, StepKind, ToolCall
+    from specagent.engines.verdict_likelihood import LikelihoodVerifier
+
+    context = weather_chat(f"Paris {uuid.uuid4().hex[:6]}")  # a prompt no earlier test cached
+    wrong = Message("assistant", None, tool_calls=(ToolCall("c1", "get_weather", {"city": "Zzyzx"}),))
+    step = DraftedStep(wrong, StepKind.READ, (Message("tool", "Zzyzx: 20C", tool_call_id="c1", name="get_weather"),))
+    verdict, _ = LikelihoodVerifier(vllm_engine).verify(context, [WEATHER], Segment(len(context), (step,), "held"))
+    if verdict.accepted or not verdict.repair_from:
+        pytest.skip(f"SmolLM2 here ranked the drafted call otherwise ({verdict.raw!r}, {verdict.repair_from!r})")
+    assert verdict.repair_from.startswith("<tool_call>") and "Zzyzx" not in verdict.repair_from
+
+    went_on = vllm_engine.chat([ChatRequest(context, (WEATHER,), max_tokens=48, continuation=verdict.repair_from)])[0]
+    scratch = vllm_engine.chat([ChatRequest(context, (WEATHER,), max_tokens=48)])[0]
+    assert went_on.text.startswith(verdict.repair_from)
+    assert went_on.usage.completion_tokens < scratch.usage.completion_tokens
+    block = vllm_engine.llm.llm_engine.vllm_config.cache_config.block_size  # the cache holds whole blocks
+    assert went_on.usage.cached_tokens >= went_on.usage.prompt_tokens - block > 0
+    if not scratch.malformed and not went_on.malformed:
+        assert [c.name for c in went_on.message.tool_calls] == [c.name for c in scratch.message.tool_calls]
