@@ -147,7 +147,6 @@ class EpisodeRunner:
         self.episode = Episode(task_id=task_id, mode=mode)
         self.done = False
         self.round = 0
-        self._repair_from = ""  # the last verdict's opening of the first rejected step (Verdict.repair_from)
 
     # ------------------------------------------------------------------ the loop
     def run(self, start_from: Sequence[Message] | None = None) -> Episode:
@@ -203,8 +202,7 @@ class EpisodeRunner:
     def _specagent_round(self) -> None:
         ep = self.episode
         segment = self._draft()
-        self._repair_from = ""
-        accepted = self._judge(segment) if segment.verifiable else 0
+        accepted, opening = self._judge(segment) if segment.verifiable else (0, "")
         if not segment.verifiable:
             ep.verdicts.append("(nothing to verify)")
         ep.accepted_prefixes.append(accepted)
@@ -219,16 +217,17 @@ class EpisodeRunner:
                 self._record(step, "weak", StepStatus.MALFORMED if bad else StepStatus.REJECTED)
         all_in = accepted == len(segment.steps)
         if not all_in:  # the strong model repairs step accepted+1, from a prefix of the verify prompt
-            opening = self._repair_from if accepted < len(segment.verifiable) else ""
+            opening = opening if accepted < len(segment.verifiable) else ""
             repair = self._generate("strong", "repair", ep.messages, continuation=opening)
             ep.continued_repairs += bool(opening)
             self._commit(repair.message, "strong", StepStatus.REPAIRED, repair.malformed)
 
     # ------------------------------------------------------------------ pieces
-    def _judge(self, segment: Segment) -> int:
-        """VERIFY: the accepted prefix, an int in [0, k]. A verdict that is not one (a fraction,
-        None, a string, out of range, unparseable) or a verifier that raises grants nothing:
-        every step is rejected and the first is repaired; the round counts as invalid."""
+    def _judge(self, segment: Segment) -> tuple[int, str]:
+        """VERIFY: the accepted prefix, an int in [0, k], and the opening the repair may continue
+        from (`Verdict.repair_from`). A verdict that is not one (a fraction, None, a string, out
+        of range, unparseable) or a verifier that raises grants nothing and names no opening:
+        every step is rejected and the first is repaired whole; the round counts as invalid."""
         ep = self.episode
         try:
             verdict, usages = self.models.verifier.verify(ep.messages, self.tools, segment)
@@ -241,11 +240,10 @@ class EpisodeRunner:
         accepted, invalid = granted_prefix(verdict, len(segment.verifiable)) if why is None else (0, why)
         # only a valid verdict's own opening of its first rejected step; a string, nothing else
         opening = getattr(verdict, "repair_from", "") if invalid is None else ""
-        self._repair_from = opening if isinstance(opening, str) else ""
         raw = getattr(verdict, "raw", "")
         ep.verdicts.append(raw if invalid is None else f"(invalid verdict: {invalid}) {raw}".rstrip())
         ep.invalid_verdicts += invalid is not None
-        return accepted
+        return accepted, opening if isinstance(opening, str) else ""
 
     def _draft(self) -> Segment:
         """DRAFT: read-only steps are executed now; the first other step ends the draft."""
