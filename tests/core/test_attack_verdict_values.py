@@ -140,6 +140,7 @@ def test_a_repair_continues_only_from_a_valid_verdicts_own_opening(value, openin
     approved = not bare and valid(value) and value == K
     continues = not bare and valid(value) and value < K and isinstance(opening, str) and opening != ""
     assert (asked[0] if asked else None) == (None if approved else opening if continues else "")
-    assert all(isinstance(a, str) for a in asked)
-    assert ep.continued_repairs == ep.counts()["continued_repairs"] == int(continues)
+    assert asked == [opening if continues else ""] * len(asked)  # every round's repair (the verdict repeats)
+    assert ep.continued_repairs == ep.counts()["continued_repairs"] == (len(asked) if continues else 0)
+    assert len(asked) == ep.counts()["repairs"]
     assert bool(env.write_log) == approved
