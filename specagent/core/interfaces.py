@@ -44,7 +44,8 @@ class ChatRequest:
     adapter: str | None = None  # a LoRA adapter name/path the engine knows, None = base weights
     # Assistant text the reply starts with: rendered after the assistant header, decoding goes
     # on from its end, the completion's text begins with it and only the new tokens count as
-    # decoded. An engine that cannot continue a message decodes the whole step instead.
+    # decoded. An engine that cannot continue a message decodes the whole step instead; one that
+    # can says so with a class attribute `continues_messages = True` (transformers, vLLM).
     continuation: str = ""
 
 

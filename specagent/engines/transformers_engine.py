@@ -47,6 +47,8 @@ class TransformersEngine:
     torch's (process-wide) CPU thread count; None: the cores this process may use.
     """
 
+    continues_messages = True  # honours ChatRequest.continuation
+
     def __init__(
         self,
         model: str,

@@ -101,11 +101,13 @@ class LikelihoodVerifier:
         """``continue_repairs``: the verdict names the first rejected step's opening that the
         strong model ranks first token by token (`Verdict.repair_from`), so the repair decodes
         only from where the draft left the strong model's greedy path; only valid when the
-        repair runs on the weights that scored (the engine's base weights: ``adapter`` None)."""
+        repair runs on the weights that scored (the engine's base weights: ``adapter`` None), on
+        an engine that continues a message (`continues_messages`; not the openai backend)."""
         self.engine = engine
         self.threshold = GREEDY if threshold is None else threshold
         self.adapter = adapter
-        self.continue_repairs = continue_repairs and adapter is None
+        self.continue_repairs = (continue_repairs and adapter is None
+                                 and getattr(engine, "continues_messages", False))
 
     def prompt(self, context: Sequence[Message], tools: Sequence[ToolSpec],
                steps: Sequence[DraftedStep]) -> tuple[list[int], list[tuple[int, int]]]:

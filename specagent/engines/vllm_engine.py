@@ -52,6 +52,8 @@ class VLLMEngine:
     engine that cannot start raises an EngineError naming the cause and what to set.
     """
 
+    continues_messages = True  # honours ChatRequest.continuation
+
     def __init__(
         self,
         model: str,

@@ -138,6 +138,13 @@ def test_a_repair_goes_on_from_the_rejected_steps_greedy_opening_and_writes_the_
     assert off.verify(context, [WEATHER], Segment(len(context), (wrong,), "held"))[0].repair_from == ""
     assert not LikelihoodVerifier(smollm2_engine, adapter="judge").continue_repairs
 
+    # an engine that would ignore the continuation (the openai backend) is never given one
+    from specagent.engines.batching import BatchingEngine
+    from specagent.engines.openai_engine import OpenAIEngine
+
+    assert LikelihoodVerifier(BatchingEngine(smollm2_engine)).continue_repairs
+    assert not LikelihoodVerifier(OpenAIEngine("http://127.0.0.1:9/v1", "m")).continue_repairs
+
 
 def test_an_opening_is_only_text_of_the_step_itself():
     from specagent.engines.verdict_likelihood import greedy_run, opening_text
