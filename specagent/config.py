@@ -235,6 +235,11 @@ class ProtocolSettings(Strict):
     max_draft_steps: int = Field(4, gt=0)
     max_steps: int = Field(16, gt=0)
     max_tokens: int = Field(192, gt=0)
+    # The drafter stops a step at the first token it is less sure of than this probability (0:
+    # never); the unfinished step is verified with the others and, when S would write its start,
+    # the repair goes on from there (a likelihood verdict with continue_repairs; other verdicts
+    # ignore it). Saves the drafter's decoding of steps it would get wrong.
+    draft_stop_below: float = Field(0.0, ge=0.0, lt=1.0)
 
 
 class RuntimeSpec(Strict):
@@ -306,6 +311,13 @@ class ExecutorConfig(Strict):
     max_retries: int = Field(3, ge=0)  # times one item is resubmitted after the actor running it died
 
 
+class ArmDrafting(Strict):
+    """An arm's own drafting settings (the rest of the protocol stays the eval's, so arms compare)."""
+
+    max_draft_steps: Optional[int] = Field(None, gt=0)
+    draft_stop_below: Optional[float] = Field(None, ge=0.0, lt=1.0)
+
+
 class ArmConfig(Strict):
     """One arm of an eval: a protocol mode and what the models carry in it."""
 
@@ -317,6 +329,7 @@ class ArmConfig(Strict):
     weak: Optional[EngineConfig] = None
     verifier: Optional[VerifierConfig] = None  # specagent only; None: the generative verdict
     threshold_sweep: Optional[list[float]] = Field(None, min_length=1)  # head verifier: one run per threshold
+    drafting: Optional[ArmDrafting] = None  # specagent only: this arm's max_draft_steps / draft_stop_below
 
     @model_validator(mode="after")
     def _consistent(self) -> "ArmConfig":
@@ -326,6 +339,8 @@ class ArmConfig(Strict):
             raise ValueError(f"arm {self.name!r}: mode 'strong' has no drafter; drop drafter_adapter and weak")
         if self.verifier and self.mode != "specagent":
             raise ValueError(f"arm {self.name!r}: only mode 'specagent' uses a verifier")
+        if self.drafting and self.mode != "specagent":
+            raise ValueError(f"arm {self.name!r}: only mode 'specagent' drafts segments (drop `drafting`)")
         if self.threshold_sweep is not None:
             if self.verifier is None or self.verifier.kind not in ("head", "likelihood"):
                 raise ValueError(f"arm {self.name!r}: threshold_sweep needs a head or likelihood verifier "

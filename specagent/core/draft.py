@@ -7,7 +7,9 @@ through the same function, so the drafting rules are written once:
 - a malformed step ends the draft; so does the step budget;
 - in a batch, a context that outgrows the model's window ends its own draft only;
 - a read-only call the environment cannot answer (``can_execute`` false: a call the
-  replay log never recorded) ends the draft without that step.
+  replay log never recorded) ends the draft without that step;
+- a step the drafter stops writing because it is unsure (``stop_below``: its next token's
+  probability is below it) ends the draft; its text so far is the segment's ``partial``.
 """
 
 from __future__ import annotations
@@ -49,20 +51,25 @@ def draft_batch(
     max_tokens: int,
     adapter: str | None = None,
     on_usage: Callable[[Usage], None] = lambda usage: None,
+    stop_below: float = 0.0,
 ) -> list[Segment]:
     contexts = [list(job.context) for job in jobs]
     steps: list[list[DraftedStep]] = [[] for _ in jobs]
     ended = ["max_steps"] * len(jobs)
     unrecorded: list[tuple[str, ...]] = [()] * len(jobs)
+    partial: list[str | None] = [None] * len(jobs)
     active = [i for i, job in enumerate(jobs) if job.budget > 0]
     while active:
-        requests = [ChatRequest(contexts[i], tools, max_tokens, adapter) for i in active]
+        requests = [ChatRequest(contexts[i], tools, max_tokens, adapter, stop_below=stop_below) for i in active]
         still = []
         for i, completion in zip(active, _chat_or_overflow(engine, requests, single=len(jobs) == 1)):
             if completion is None:  # this context outgrew the model's window: the draft ends here
                 ended[i] = "context_length"
                 continue
             on_usage(completion.usage)
+            if completion.finish_reason == "unsure":  # an unfinished step: kept as text, never run
+                ended[i], partial[i] = "unsure", completion.text
+                continue
             message = assign_call_ids(completion.message, len(contexts[i]))
             step = drafted(message, read_only, completion.malformed)
             if step.kind is StepKind.READ:
@@ -79,7 +86,8 @@ def draft_batch(
             elif len(steps[i]) < jobs[i].budget:
                 still.append(i)
         active = still
-    return [Segment(len(job.context), tuple(s), e, u) for job, s, e, u in zip(jobs, steps, ended, unrecorded)]
+    return [Segment(len(job.context), tuple(s), e, u, p)
+            for job, s, e, u, p in zip(jobs, steps, ended, unrecorded, partial)]
 
 
 def _chat_or_overflow(engine: ChatEngine, requests: list[ChatRequest], single: bool) -> list[Completion | None]:

@@ -47,6 +47,11 @@ class ChatRequest:
     # decoded. An engine that cannot continue a message decodes the whole step instead; one that
     # can says so with a class attribute `continues_messages = True` (transformers, vLLM).
     continuation: str = ""
+    # The drafter's own confidence as a stop rule: decoding ends at the first position whose most
+    # likely token has a probability below this, before writing that token; the completion's
+    # text is what came before and its finish_reason "unsure" (its usage counts the pass that
+    # found it). 0: never. An engine that honours it says so with `stops_unsure = True`.
+    stop_below: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -140,9 +140,10 @@ def summarize_group(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for tool, entry in rec["counts"]["per_tool"].items():
             per_tool[tool]["drafted"] += entry["drafted"]
             per_tool[tool]["accepted"] += entry["accepted"]
-    counts = {k: sum(r["counts"].get(k, 0) for r in records) for k in  # continued_repairs: newer records only
+    # continued_repairs, unsure_drafts: newer records only
+    counts = {k: sum(r["counts"].get(k, 0) for r in records) for k in
               ("drafted_steps", "accepted_steps", "held_approved", "repairs", "continued_repairs", "malformed_drafts",
-               "rounds")}
+               "unsure_drafts", "rounds")}
     tasks = task_means(records)
     column: dict[str, list[float]] = defaultdict(list)  # one value per task
     for values in tasks.values():

@@ -36,6 +36,9 @@ class ProtocolConfig:
     max_draft_steps: int = 4
     max_steps: int = 24  # committed assistant steps per episode
     max_tokens: int = 256  # per generated step
+    # the drafter stops a step at its first token less likely than this (0: never); the unfinished
+    # step is verified with the rest and the repair goes on from the part S would write
+    draft_stop_below: float = 0.0
     tool_timeout_s: float = 30.0
     read_only: tuple[str, ...] = ()  # user allow list: these tools are read-only
     write: tuple[str, ...] = ()  # user deny list: these tools are state-changing
@@ -96,6 +99,7 @@ class Episode:
     final_hash: str = ""
     invalid_verdicts: int = 0  # rounds whose verdict was unparseable, out of range, not an int, or raised
     continued_repairs: int = 0  # repairs that went on from the rejected step's opening S itself ranks first
+    unsure_drafts: int = 0  # drafts that ended at a step the drafter was unsure how to go on with
     unknown_effects: list[str] = field(default_factory=list)  # write calls that timed out while running
     tools_still_running: list[str] = field(default_factory=list)  # at the end: the env must not be reused
 
@@ -121,6 +125,7 @@ class Episode:
             "malformed_drafts": sum(s.status is StepStatus.MALFORMED for s in drafted),
             "invalid_verdicts": self.invalid_verdicts,
             "continued_repairs": self.continued_repairs,
+            "unsure_drafts": self.unsure_drafts,
             "committed_steps": sum(s.status is not StepStatus.REJECTED and s.status is not StepStatus.MALFORMED for s in self.steps),
             "per_tool": per_tool,
         }
@@ -202,8 +207,12 @@ class EpisodeRunner:
     def _specagent_round(self) -> None:
         ep = self.episode
         segment = self._draft()
-        accepted, opening = self._judge(segment) if segment.verifiable else (0, "")
-        if not segment.verifiable:
+        ep.unsure_drafts += segment.partial is not None
+        # an unfinished step alone is worth a verdict only to one that reads it (a likelihood verdict)
+        reads_partial = bool(segment.partial) and getattr(self.models.verifier, "reads_partial", False)
+        judged = bool(segment.verifiable) or reads_partial
+        accepted, opening = self._judge(segment) if judged else (0, "")
+        if not judged:
             ep.verdicts.append("(nothing to verify)")
         ep.accepted_prefixes.append(accepted)
         for i, step in enumerate(segment.steps):
@@ -215,9 +224,11 @@ class EpisodeRunner:
             else:
                 bad = step.kind is StepKind.MALFORMED
                 self._record(step, "weak", StepStatus.MALFORMED if bad else StepStatus.REJECTED)
-        all_in = accepted == len(segment.steps)
+        all_in = accepted == len(segment.steps) and segment.partial is None
         if not all_in:  # the strong model repairs step accepted+1, from a prefix of the verify prompt
-            opening = opening if accepted < len(segment.verifiable) else ""
+            # the opening is of the step being repaired: a rejected verifiable step, or the unfinished
+            # one after every drafted step was accepted (none follows a malformed step)
+            opening = opening if accepted < len(segment.verifiable) or segment.partial is not None else ""
             repair = self._generate("strong", "repair", ep.messages, continuation=opening)
             ep.continued_repairs += bool(opening)
             self._commit(repair.message, "strong", StepStatus.REPAIRED, repair.malformed)
@@ -255,7 +266,7 @@ class EpisodeRunner:
             self.episode.ledger.record("weak", "draft", usage, cost)
 
         return draft_batch(self.models.weak, [job], self.tools, self.read_only, self.config.max_tokens,
-                           self.models.weak_adapter, record)[0]
+                           self.models.weak_adapter, record, self.config.draft_stop_below)[0]
 
     def _engine(self, model: str) -> ChatEngine:
         return self.models.strong if model == "strong" else self.models.weak

@@ -159,10 +159,14 @@ class Segment:
 
     context_len: int
     steps: tuple[DraftedStep, ...]
-    ended_by: str = ""  # held | malformed | max_steps | unrecorded
+    ended_by: str = ""  # held | malformed | max_steps | unrecorded | unsure
     # replay mining: the tools of the drafted lookup that could not run (the log never made
     # it); it is not in `steps` (it has no observation) but counts as a drafted, rejected step
     unrecorded: tuple[str, ...] = ()
+    # The step the drafter stopped writing at its first unsure token (`ChatRequest.stop_below`):
+    # its text so far. Never parsed, executed or committed; a verdict that reads it (a likelihood
+    # verdict) names how much of it the strong model would write, and the repair goes on from there.
+    partial: str | None = None
 
     @property
     def verifiable(self) -> tuple[DraftedStep, ...]:

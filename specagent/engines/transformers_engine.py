@@ -31,10 +31,12 @@ DTYPES = typing.get_args(Dtype)  # float32, bfloat16, float16, auto (the checkpo
 
 @dataclass(frozen=True)
 class _Generated:
-    """New token ids of one request (stop token included if generated) and whether it stopped."""
+    """New token ids of one request (stop token included if generated) and whether it stopped;
+    ``unsure``: it stopped at a position whose top token fell below ``stop_below`` (not in ``ids``)."""
 
     ids: list[int]
     stopped: bool
+    unsure: bool = False
 
 
 class TransformersEngine:
@@ -48,6 +50,7 @@ class TransformersEngine:
     """
 
     continues_messages = True  # honours ChatRequest.continuation
+    stops_unsure = True  # honours ChatRequest.stop_below
 
     def __init__(
         self,
@@ -148,7 +151,8 @@ class TransformersEngine:
                 chunk = indices[start : start + self.batch_size]
                 began = time.perf_counter()
                 max_new = [requests[i].max_tokens for i in chunk]
-                generated = self._generate_with(adapter, [prompts[i] for i in chunk], max_new)
+                below = [requests[i].stop_below for i in chunk]
+                generated = self._generate_with(adapter, [prompts[i] for i in chunk], max_new, below)
                 share = (time.perf_counter() - began) / len(chunk)
                 for i, gen in zip(chunk, generated):
                     results[i] = self._completion(requests[i], len(prompts[i]), gen, share)
@@ -208,9 +212,10 @@ class TransformersEngine:
         text_ids = gen.ids[:-1] if gen.stopped else gen.ids
         text = request.continuation + self.tokenizer.decode(text_ids, skip_special_tokens=False)
         message, malformed = parse_assistant_text(text, request.tools)
-        usage = Usage(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=len(gen.ids), seconds=seconds)
+        decoded = len(gen.ids) + gen.unsure  # the pass that found the unsure position ran too
+        usage = Usage(prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=decoded, seconds=seconds)
         return Completion(text=text, message=message, usage=usage, malformed=malformed,
-                          finish_reason="stop" if gen.stopped else "length")
+                          finish_reason="unsure" if gen.unsure else "stop" if gen.stopped else "length")
 
     def _ensure_adapter(self, adapter: str | None) -> None:
         """A requested adapter is one loaded by name, or a peft dir loaded now under its path."""
@@ -224,18 +229,23 @@ class TransformersEngine:
             )
         self._load_adapter(adapter, adapter)
 
-    def _generate_with(self, adapter: str | None, prompts: list[list[int]], max_new: list[int]) -> list[_Generated]:
+    def _generate_with(self, adapter: str | None, prompts: list[list[int]], max_new: list[int],
+                       below: list[float]) -> list[_Generated]:
         if adapter is not None:
             self.model.set_adapter(adapter)
-            return self._generate(prompts, max_new)
+            return self._generate(prompts, max_new, below)
         if not self.adapters:
-            return self._generate(prompts, max_new)
+            return self._generate(prompts, max_new, below)
         with self.model.disable_adapter():
-            return self._generate(prompts, max_new)
+            return self._generate(prompts, max_new, below)
 
     @torch.inference_mode()
-    def _generate(self, prompts: list[list[int]], max_new: list[int]) -> list[_Generated]:
-        """Decode a left-padded batch until every row stopped or spent its budget."""
+    def _generate(self, prompts: list[list[int]], max_new: list[int], below: list[float] | None = None
+                  ) -> list[_Generated]:
+        """Decode a left-padded batch until every row stopped or spent its budget; a row with
+        ``below[row]`` > 0 also stops, writing nothing there, where its top token's probability
+        falls below it (the model's own temperature-1 distribution)."""
+        below = below or [0.0] * len(prompts)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -246,11 +256,15 @@ class TransformersEngine:
         cache = DynamicCache(config=self.model.config)
         out: list[list[int]] = [[] for _ in prompts]
         done = [m <= 0 for m in max_new]
+        unsure = [False] * len(prompts)
         while not all(done):
             logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                                 past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
             chosen = self._pick(logits).tolist()
+            top = torch.softmax(logits.float(), dim=-1).max(dim=-1).values.tolist() if any(below) else None
             for row, token in enumerate(chosen):
+                if not done[row] and top is not None and top[row] < below[row]:
+                    done[row] = unsure[row] = True
                 if done[row]:
                     chosen[row] = self._pad_id
                     continue
@@ -259,7 +273,7 @@ class TransformersEngine:
             input_ids = torch.tensor(chosen, dtype=torch.long)[:, None]
             attention = torch.cat([attention, torch.ones((len(prompts), 1), dtype=torch.long)], dim=1)
             positions = positions[:, -1:] + 1
-        return [_Generated(ids, bool(ids) and ids[-1] in self._stop_ids) for ids in out]
+        return [_Generated(ids, bool(ids) and ids[-1] in self._stop_ids, u) for ids, u in zip(out, unsure)]
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
         """Next token per row: argmax at temperature 0, else nucleus sampling from the seeded generator."""

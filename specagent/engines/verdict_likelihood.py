@@ -26,6 +26,7 @@ accept a step worded differently from the strong model's.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from specagent.core.interfaces import ScoreRequest, TokenScorer
@@ -93,6 +94,21 @@ def opening_text(tokenizer: Any, prompt: str, header: str, end_token: int) -> st
     return prompt[len(header):end] if end > len(header) and len(header) in starts else ""
 
 
+@dataclass(frozen=True)
+class _Prefill:
+    """What one verify prefill read: per step its score, span and scored positions; the
+    unfinished step's first position and scored positions; the prompt text with it and before it."""
+
+    scores: list[float]
+    usage: Usage
+    spans: list[tuple[int, int]]
+    per_step: list[Sequence[Sequence[float]]]
+    unfinished_first: int
+    unfinished: Sequence[Sequence[float]]
+    text: str
+    head: str
+
+
 class LikelihoodVerifier:
     """Verdicts from the strong model's own token probabilities: one prefill, zero decoded tokens."""
 
@@ -108,6 +124,9 @@ class LikelihoodVerifier:
         self.adapter = adapter
         self.continue_repairs = (continue_repairs and adapter is None
                                  and getattr(engine, "continues_messages", False))
+        # a segment's unfinished step (`Segment.partial`) is scored too: only worth it when its
+        # opening can be continued
+        self.reads_partial = self.continue_repairs
 
     def prompt(self, context: Sequence[Message], tools: Sequence[ToolSpec],
                steps: Sequence[DraftedStep]) -> tuple[list[int], list[tuple[int, int]]]:
@@ -118,30 +137,51 @@ class LikelihoodVerifier:
 
     def scores(self, context: Sequence[Message], tools: Sequence[ToolSpec],
                steps: Sequence[DraftedStep]) -> tuple[list[float], Usage]:
-        scores, usage, _ = self._score(context, tools, steps)
-        return scores, usage
+        scored = self._score(context, tools, steps)
+        return scored.scores, scored.usage
 
-    def _score(self, context: Sequence[Message], tools: Sequence[ToolSpec], steps: Sequence[DraftedStep]
-               ) -> tuple[list[float], Usage, Any]:
+    def _score(self, context: Sequence[Message], tools: Sequence[ToolSpec], steps: Sequence[DraftedStep],
+               partial: str = "") -> "_Prefill":
+        """One prefill over the drafted steps and, after the next assistant header, the unfinished
+        step ``partial`` (scored only if its text leaves the steps' tokens as they are)."""
         ids, spans = self.prompt(context, tools, steps)
-        positions = [t - 1 for first, last in spans for t in range(first, last + 1)]  # read before each token
+        head, text, tail = "", "", (0, -1)
+        if partial:
+            head = render_prompt(self.engine.tokenizer, [*context, *render_steps(steps)], tools,
+                                 profile=self.engine.profile_for(self.adapter))
+            text = head + partial
+            with_partial = _ids(self.engine.tokenizer, text)
+            first = next((i for i, (a, b) in enumerate(zip(ids, with_partial)) if a != b), len(ids))
+            if not spans or first > spans[-1][1]:
+                ids, tail = with_partial, (first, len(with_partial) - 1)
+        positions = [t - 1 for first, last in [*spans, tail] for t in range(first, last + 1)]  # read before each token
         scored = self.engine.score([ScoreRequest(ids, positions, adapter=self.adapter, own=True)])[0]
-        return step_scores(scored.logprobs, spans), scored.usage, (spans, step_entries(scored.logprobs, spans))
+        *per_step, unfinished = step_entries(scored.logprobs, [*spans, tail])
+        return _Prefill(step_scores(scored.logprobs, spans), scored.usage, spans, per_step, tail[0], unfinished,
+                        text, head)
 
     def verify(self, context: Sequence[Message], tools: Sequence[ToolSpec], segment: Segment
                ) -> tuple[Verdict, list[tuple[str, Usage]]]:
         steps = segment.verifiable
-        if not steps:
+        whole = len(steps) == len(segment.steps)  # no malformed step between them and the unfinished one
+        partial = segment.partial if self.reads_partial and segment.partial and whole else ""
+        if not steps and not partial:
             return Verdict(accepted=0, raw="(nothing to verify)"), []
-        scores, usage, (spans, per_step) = self._score(context, tools, steps)
-        accepted = accepted_prefix(scores, self.threshold)
-        raw = "likelihood " + " ".join(f"{s:.3f}" for s in scores)
+        scored = self._score(context, tools, steps, partial)
+        accepted = accepted_prefix(scored.scores, self.threshold)
+        raw = "likelihood " + " ".join(f"{s:.3f}" for s in scored.scores)
         opening = ""
         if self.continue_repairs and accepted < len(steps):
-            run = greedy_run(per_step[accepted])
-            opening = self.opening(context, tools, steps, accepted, spans[accepted][0] + run - 1) if run else ""
-        verdict = Verdict(accepted=accepted, raw=raw, scores=tuple(scores), repair_from=opening)
-        return verdict, [("strong", usage)]
+            run = greedy_run(scored.per_step[accepted])
+            end = scored.spans[accepted][0] + run - 1
+            opening = self.opening(context, tools, steps, accepted, end) if run else ""
+        elif partial:  # every step accepted: the repair is the unfinished one
+            run = greedy_run(scored.unfinished)
+            raw += f" | unfinished {run}/{len(scored.unfinished)}"
+            end = scored.unfinished_first + run - 1
+            opening = opening_text(self.engine.tokenizer, scored.text, scored.head, end) if run else ""
+        verdict = Verdict(accepted=accepted, raw=raw, scores=tuple(scored.scores), repair_from=opening)
+        return verdict, [("strong", scored.usage)]
 
     def opening(self, context: Sequence[Message], tools: Sequence[ToolSpec], steps: Sequence[DraftedStep],
                 index: int, end_token: int) -> str:

@@ -53,6 +53,7 @@ class VLLMEngine:
     """
 
     continues_messages = True  # honours ChatRequest.continuation
+    stops_unsure = True  # honours ChatRequest.stop_below (`vllm_unsure.UnsureStop`)
 
     def __init__(
         self,
@@ -87,6 +88,9 @@ class VLLMEngine:
         kwargs: dict[str, Any] = dict(model=self.model_dir, max_model_len=max_model_len, seed=seed,
                                       enable_prefix_caching=True, enable_lora=bool(adapters))
         kwargs.update(engine_kwargs or {})
+        from specagent.engines.vllm_unsure import UnsureStop
+
+        kwargs["logits_processors"] = [*kwargs.get("logits_processors", []), UnsureStop]
         self.lora_enabled = bool(kwargs["enable_lora"])
         self.lora_capacity = max(max_loras, len(adapters or {}))
         if self.lora_enabled:
@@ -107,6 +111,7 @@ class VLLMEngine:
             raise start_error(exc, self.model_name, self.kv_cache) from exc
         self.tokenizer = AutoTokenizer.from_pretrained(kwargs.get("tokenizer") or self.model_dir)
         self._stop_ids = sorted(_stop_token_ids(self.tokenizer))
+        self._unsure_id = _unsure_token_id(self.tokenizer, self._stop_ids)
         self._loras: dict[str, Any] = {}
         self.profiles: dict[str | None, PromptProfile] = {None: PromptProfile.load(self.model_dir)}
         for name, path in (adapters or {}).items():
@@ -282,9 +287,12 @@ class VLLMEngine:
         # A fresh seed per sampled request: repeated prompts give different, reproducible samples.
         seed = None if self.temperature <= 0 else self.seed + self._requests_made
         self._requests_made += 1
+        unsure = request.stop_below > 0
+        extra = {"stop_below": request.stop_below, "unsure_token": self._unsure_id} if unsure else None
         return SamplingParams(
             temperature=self.temperature, top_p=self.top_p, max_tokens=request.max_tokens, seed=seed,
-            stop_token_ids=self._stop_ids, detokenize=False,  # decoded here, as the transformers engine does
+            stop_token_ids=[*self._stop_ids, self._unsure_id] if unsure else self._stop_ids,
+            detokenize=False, extra_args=extra,  # decoded here, as the transformers engine does
         )  # fmt: skip
 
     def _lora_for(self, adapter: str | None) -> Any:
@@ -344,7 +352,8 @@ class VLLMEngine:
     def _completion(self, request: ChatRequest, output: Any, seconds: float) -> Completion:
         generated = output.outputs[0]
         ids = list(generated.token_ids)
-        stopped = bool(ids) and ids[-1] in self._stop_ids
+        unsure = request.stop_below > 0 and bool(ids) and ids[-1] == self._unsure_id
+        stopped = bool(ids) and (ids[-1] in self._stop_ids or unsure)
         text = request.continuation + self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
         message, malformed = parse_assistant_text(text, request.tools)
         usage = Usage(
@@ -354,7 +363,7 @@ class VLLMEngine:
             seconds=seconds,
         )
         return Completion(text=text, message=message, usage=usage, malformed=malformed,
-                          finish_reason=generated.finish_reason or "stop")
+                          finish_reason="unsure" if unsure else generated.finish_reason or "stop")
 
 
 def _candidate_logprobs(position: dict[int, Any], candidates: Sequence[int]) -> list[float]:
@@ -368,6 +377,14 @@ def _stop_token_ids(tokenizer: Any) -> set[int]:
     if STOP_TOKEN in tokenizer.get_vocab():
         ids.add(tokenizer.convert_tokens_to_ids(STOP_TOKEN))
     return {i for i in ids if isinstance(i, int)}
+
+
+def _unsure_token_id(tokenizer: Any, stop_ids: Sequence[int]) -> int:
+    """The token `UnsureStop` forces where a request is unsure: a special token that is not a stop
+    token nor a turn opener (SmolLM2: <|endoftext|>), else the last id of the vocabulary."""
+    opener = tokenizer.convert_tokens_to_ids("<|im_start|>") if "<|im_start|>" in tokenizer.get_vocab() else None
+    spare = [i for i in tokenizer.all_special_ids if i not in stop_ids and i != opener]
+    return spare[0] if spare else len(tokenizer) - 1
 
 
 def _check_ranks(adapters: dict[str, str], max_lora_rank: int) -> None:

@@ -79,12 +79,14 @@ def with_shared_adapters(cfg: EvalConfig) -> EvalConfig:
 
 def arm_spec(cfg: EvalConfig, run: ArmRun) -> RuntimeSpec:
     """The runtime of one arm: the eval's environment, models and protocol, with the arm's
-    drafter adapter and verifier (at the sweep's threshold)."""
+    drafter adapter, verifier (at the sweep's threshold) and drafting settings."""
     verifier = run.arm.verifier or VerifierConfig()
     if run.threshold is not None:
         verifier = verifier.model_copy(update={"threshold": run.threshold})
+    drafting = run.arm.drafting.model_dump(exclude_none=True) if run.arm.drafting else {}
     return RuntimeSpec(env=cfg.env, strong=cfg.strong, weak=run.arm.weak or cfg.weak,
-                       drafter_adapter=run.arm.drafter_adapter, verifier=verifier, protocol=cfg.protocol)
+                       drafter_adapter=run.arm.drafter_adapter, verifier=verifier,
+                       protocol=cfg.protocol.model_copy(update=drafting))
 
 
 def arm_engines(cfg: EvalConfig, runs: list[ArmRun]) -> dict[str, Any]:

@@ -56,7 +56,7 @@ def _run_here(cfg: EvalConfig, runs: list[ArmRun], roles: dict[str, Any], env: A
             spec = arm_spec(cfg, run)
             models = build_models(spec, env, pool, (run.arm.mode,), batch=cfg.concurrency > 1)
             names = {r: getattr(models, r).model_name for r in ("strong", "weak") if getattr(models, r) is not None}
-            run_tasks(env, tasks, [run.arm.mode], models, protocol_config(cfg.protocol, cfg.env), episodes,
+            run_tasks(env, tasks, [run.arm.mode], models, protocol_config(spec.protocol, cfg.env), episodes,
                       trials=cfg.trials, model_names=names, arm=run.label, concurrency=cfg.concurrency,
                       env_factory=lambda: build_env(cfg.env), rerun_hazard=cfg.env.rerun_hazard())
     finally:

@@ -35,7 +35,8 @@ def _roles(run: ArmRun, models: dict[str, str]) -> dict[str, Any]:
         if run.threshold is not None:
             verifier["threshold"] = run.threshold
     return {"strong": models.get("strong"), "weak": models.get("weak"), "own_weak": run.arm.weak is not None,
-            "drafter_adapter": run.arm.drafter_adapter, "verifier": verifier}
+            "drafter_adapter": run.arm.drafter_adapter, "verifier": verifier,
+            "drafting": run.arm.drafting.model_dump(exclude_none=True) if run.arm.drafting else None}
 
 
 def _notes(runs: list[ArmRun], arms: dict[str, Any], strong: str | None, weak: str | None) -> list[str]:
@@ -116,6 +117,11 @@ def role_lines(report: dict[str, Any]) -> list[str]:
             parts.append(f"drafter adapter `{roles['drafter_adapter']}`")
         if roles["verifier"]:
             parts.append(_verifier_text(roles["verifier"]))
+        drafting = roles.get("drafting") or {}  # reports written before `drafting` have none
+        if "max_draft_steps" in drafting:
+            parts.append(f"at most {drafting['max_draft_steps']} drafted steps a round")
+        if drafting.get("draft_stop_below"):
+            parts.append(f"the drafter stops a step at a token below p = {drafting['draft_stop_below']}")
         if parts:
             lines.append(f"- `{label}`: " + ", ".join(parts))
     return lines

@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -80,6 +80,10 @@ class EpisodeWorker:
         self._pool = _BatchedPool() if plan.concurrency > 1 else EnginePool()
         self._pool.for_roles(plan.engines, scripted_policy(first, plan.engines.values()))  # each engine once
         self._models = {arm: build_models(spec, first, self._pool, (mode,)) for arm, (spec, mode) in plan.arms.items()}
+        # an eval arm may draft with its own settings (`ArmConfig.drafting`)
+        self._protocols = {arm: replace(plan.protocol, max_draft_steps=spec.protocol.max_draft_steps,
+                                        draft_stop_below=spec.protocol.draft_stop_below)
+                           for arm, (spec, _) in plan.arms.items()}
         self._envs: queue.SimpleQueue = queue.SimpleQueue()
         for env in [first, *(build_env(plan.env) for _ in range(plan.concurrency - 1))]:
             self._envs.put(env)
@@ -92,7 +96,8 @@ class EpisodeWorker:
             with ExitStack() as stack:
                 if isinstance(self._pool, _BatchedPool):
                     stack.enter_context(self._pool.group.member())
-                ep, record = play_episode(env, job, models, self.plan.protocol, model_names(models))
+                protocol = self._protocols.get(job.arm or job.mode, self.plan.protocol)
+                ep, record = play_episode(env, job, models, protocol, model_names(models))
         except BaseException:
             env.close()  # it may be mid-episode: the next one gets a fresh environment
             self._envs.put(build_env(self.plan.env))

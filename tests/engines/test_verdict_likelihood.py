@@ -165,3 +165,54 @@ def test_an_opening_is_only_text_of_the_step_itself():
 
     assert opening_text(Merged(), "HEADER|step text", "HEADER|", 3) == ""
     assert opening_text(Chars(), "HEADER|step", "HEADER|", 99) == ""  # no such token
+
+
+def doubt_bound(engine, context, text):
+    """A probability bound at which greedy decoding of `text` stops inside it, and after how many
+    tokens: between the first token (not the first) less likely than every one before it and
+    the least likely of those (greedy tokens: each is the top one, its probability the top's)."""
+    from specagent.core.interfaces import ScoreRequest
+    from specagent.engines.render import render_prompt
+
+    prompt = render_prompt(engine.tokenizer, context, [WEATHER])
+    ids = engine.tokenizer(prompt + text, add_special_tokens=False)["input_ids"]
+    start = len(engine.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    scored = engine.score([ScoreRequest(ids, list(range(start - 1, len(ids) - 1)), own=True)])[0]
+    probs = [math.exp(logprob) for logprob, _ in scored.logprobs]
+    low = next((j for j in range(1, len(probs)) if probs[j] < min(probs[:j])), None)
+    if low is None:
+        pytest.skip("no token of the greedy step is less likely than all before it")
+    return (probs[low] + min(probs[:low])) / 2, low
+
+
+def test_an_unsure_drafter_stops_at_its_doubt_and_the_repair_goes_on_from_what_s_would_write(smollm2_engine):
+    """`stop_below`: SmolLM2 drafting stops before the first token it is less sure of than the
+    bound, its text so far a prefix of its greedy step; scored as a segment's unfinished step,
+    the text SmolLM2 (here also the strong model) would write is the repair's opening, and the
+    repair then writes the greedy step, decoding only the rest. A wrong ending is cut off."""
+    from specagent.core.interfaces import ChatRequest
+
+    context = weather_chat("Paris")
+    scratch = smollm2_engine.chat([ChatRequest(context, [WEATHER], max_tokens=64)])[0]
+    sure = smollm2_engine.chat([ChatRequest(context, [WEATHER], max_tokens=64, stop_below=1e-9)])[0]
+    assert (sure.text, sure.finish_reason) == (scratch.text, scratch.finish_reason)
+    bound, written = doubt_bound(smollm2_engine, context, scratch.text)
+    unsure = smollm2_engine.chat([ChatRequest(context, [WEATHER], max_tokens=64, stop_below=bound)])[0]
+    assert unsure.finish_reason == "unsure" and unsure.usage.completion_tokens == written + 1  # the doubting pass ran
+    assert scratch.text.startswith(unsure.text) and 0 < len(unsure.text) < len(scratch.text)
+    assert len(smollm2_engine.tokenizer(unsure.text, add_special_tokens=False)["input_ids"]) == written
+
+    verifier = LikelihoodVerifier(smollm2_engine)
+    verdict, usages = verifier.verify(context, [WEATHER], Segment(len(context), (), "unsure", partial=unsure.text))
+    assert verdict.accepted == 0 and verdict.repair_from == unsure.text
+    assert f"unfinished {written}/{written}" in verdict.raw and [u.completion_tokens for _, u in usages] == [0]
+    went_on = smollm2_engine.chat([ChatRequest(context, [WEATHER], max_tokens=64, continuation=verdict.repair_from)])[0]
+    assert went_on.text == scratch.text
+    assert went_on.usage.completion_tokens == scratch.usage.completion_tokens - written
+
+    wrong = unsure.text + " Zzyzx"
+    verdict, _ = verifier.verify(context, [WEATHER], Segment(len(context), (), "unsure", partial=wrong))
+    assert unsure.text.startswith(verdict.repair_from) or verdict.repair_from.startswith(unsure.text)
+    assert "Zzyzx" not in verdict.repair_from
+    # a verifier that cannot continue a repair does not read unfinished steps
+    assert not LikelihoodVerifier(smollm2_engine, continue_repairs=False).reads_partial

@@ -306,3 +306,21 @@ def test_a_continued_repair_finds_the_verify_prefill_in_the_cache_and_decodes_on
     assert went_on.usage.cached_tokens >= went_on.usage.prompt_tokens - block > 0
     if not scratch.malformed and not went_on.malformed:
         assert [c.name for c in went_on.message.tool_calls] == [c.name for c in scratch.message.tool_calls]
+
+
+def test_an_unsure_request_stops_at_its_doubt_and_its_batch_neighbour_is_untouched(vllm_engine):
+    """`stop_below` on vLLM (`vllm_unsure.UnsureStop`): the request stops before its first token
+    of probability below the bound, its text a prefix of the greedy one and the doubting pass
+    counted; a request without it in the same batch decodes as if alone."""
+    context = weather_chat(f"Paris {uuid.uuid4().hex[:6]}")
+    alone = vllm_engine.chat([ChatRequest(context, (WEATHER,), max_tokens=48)])[0]
+    unsure, plain = vllm_engine.chat([ChatRequest(context, (WEATHER,), max_tokens=48, stop_below=0.9999),
+                                      ChatRequest(context, (WEATHER,), max_tokens=48)])
+    assert (plain.text, plain.finish_reason) == (alone.text, alone.finish_reason)
+    if unsure.finish_reason != "unsure":
+        pytest.skip(f"SmolLM2 here was sure of its whole step ({unsure.finish_reason})")
+    assert alone.text.startswith(unsure.text) and len(unsure.text) < len(alone.text)
+    written = len(vllm_engine.tokenizer(unsure.text, add_special_tokens=False)["input_ids"])
+    assert unsure.usage.completion_tokens == written + 1
+    sure = vllm_engine.chat([ChatRequest(context, (WEATHER,), max_tokens=48, stop_below=1e-9)])[0]
+    assert (sure.text, sure.finish_reason) == (alone.text, alone.finish_reason)

@@ -101,7 +101,8 @@ def test_reference_arms_success_and_gap(matrix):
     assert arms["strong"]["gap_recovered"] == 1.0 and arms["weak"]["gap_recovered"] == 0.0
     assert arms["specagent"]["success"]["mean"] == 1.0 and arms["specagent"]["gap_recovered"] == 1.0
     assert arms["specagent"]["roles"] == {"strong": "strong-expert", "weak": "weak-sorry", "own_weak": False,
-                                          "drafter_adapter": None, "verifier": {"kind": "generative"}}
+                                          "drafter_adapter": None, "verifier": {"kind": "generative"},
+                                          "drafting": None}
 
 
 def test_specagent_counts_match_the_episodes(matrix):
@@ -187,6 +188,25 @@ def test_an_arm_with_its_own_weak_model_drafts_with_it_and_engines_are_built_onc
     assert "- `drafter`: its own weak model `scripted-expert`" in (tmp_path / "report.md").read_text()
 
 
+def test_an_arms_drafting_settings_reach_its_episodes_and_no_other_arms(tmp_path, monkeypatch):
+    """`drafting:` gives one specagent arm its own draft length and stop rule; the eval's
+    protocol stays for the others (the expert drafts whole tasks: 4 steps, then 1 a round)."""
+    from specagent.core import draft as drafting_module
+
+    asked = []
+    draft_batch = drafting_module.draft_batch
+    monkeypatch.setattr("specagent.core.protocol.draft_batch",
+                        lambda *a, **k: asked.append((a[0].model_name, a[-1])) or draft_batch(*a, **k))
+    arms = ("arms=[{name: four, mode: specagent}, "
+            "{name: one, mode: specagent, drafting: {max_draft_steps: 1, draft_stop_below: 0.25}}]")
+    assert main(["eval", "-c", CONFIG, f"output_dir={tmp_path}", "env.limit=2", "weak.script=expert", arms]) == 0
+    assert {below for _, below in asked} == {0.0, 0.25}
+    drafted = {}
+    for r in read_episodes(tmp_path / "episodes.jsonl"):
+        drafted.setdefault(r["arm"], []).append(r["counts"]["drafted_steps"] / r["counts"]["rounds"])
+    assert max(drafted["one"]) == 1.0 < max(drafted["four"])
+
+
 def test_each_arm_starts_from_empty_prefix_caches(tmp_path, monkeypatch):
     """An arm must not reuse the prefill of the arms before it (the strong arm's runs would be
     in a later arm's cache): engines that keep a prefix cache are reset before every arm."""
@@ -243,6 +263,8 @@ def test_adapters_of_all_arms_go_on_the_shared_engines(tmp_path):
      "in (0, 1]"),
     ([{"name": "x@1", "mode": "weak"}], "reserved"),
     ([{"name": "x", "mode": "strong", "drafter_adapter": "d"}], "has no drafter"),
+    ([{"name": "x", "mode": "weak", "drafting": {"max_draft_steps": 2}}], "only mode 'specagent' drafts"),
+    ([{"name": "x", "mode": "specagent", "drafting": {"draft_stop_below": 1.0}}], "draft_stop_below"),
 ])
 def test_bad_arms_are_config_errors(arms, problem, tmp_path):
     path = tmp_path / "eval.yaml"
