@@ -229,11 +229,14 @@ def _add_export_args(parser: argparse.ArgumentParser) -> None:
                         help="vLLM on CPU: enforce_eager and block_size 32 (turn off on GPU)")
 
 
+FULL_PIPELINE = "configs/quickstart/full.yaml"
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """collect -> mine -> train (strong, drafter, verdict) -> export -> eval on the built-in domain."""
     from specagent.quickstart import run_pipeline
 
-    run_pipeline(args.pipeline, fresh=args.fresh)
+    run_pipeline(FULL_PIPELINE if args.full else args.pipeline, fresh=args.fresh)
     return 0
 
 
@@ -241,6 +244,8 @@ def _add_quickstart_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pipeline", default="configs/quickstart/pipeline.yaml",
                         help="the stages to run (default: configs/quickstart/pipeline.yaml)")
     parser.add_argument("--fresh", action="store_true", help="delete every stage's output first")
+    parser.add_argument("--full", action="store_true",
+                        help=f"the quickstart, then the recipe of the README's lead table ({FULL_PIPELINE}; ~100 min here)")
 
 
 def _add_train_args(parser: argparse.ArgumentParser) -> None:

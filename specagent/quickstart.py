@@ -119,17 +119,14 @@ def run_pipeline(pipeline: str | Path, fresh: bool = False, out: str | Path = "r
         shown = "skipped" if t["skipped"] else f"{t['seconds']:.0f} s"
         print(f"  {t['stage']:<56} {shown}")
     print(f"  {'total':<56} {total:.0f} s")
-    report = report_path(pipeline)
-    if report is not None and report.exists():
-        print(f"\nreport: {report} (+ report.json and plots beside it)")
+    for report in report_paths(pipeline):
+        if report.exists():
+            print(f"\nreport: {report} (+ report.json and plots beside it)")
     return summary
 
 
-def report_path(pipeline: str | Path) -> Path | None:
-    """The eval stage's report.md, if the pipeline has one."""
+def report_paths(pipeline: str | Path) -> list[Path]:
+    """The report.md of each eval stage of the pipeline, in order."""
     pipeline = Path(pipeline)
-    for stage in load_config(PipelineConfig, pipeline, []).stages:
-        if stage.command == "eval":
-            data = yaml.safe_load((pipeline.parent / stage.config).read_text())
-            return Path(data.get("output_dir", "runs/eval")) / "report.md"
-    return None
+    return [Path(yaml.safe_load((pipeline.parent / stage.config).read_text()).get("output_dir", "runs/eval"))
+            / "report.md" for stage in load_config(PipelineConfig, pipeline, []).stages if stage.command == "eval"]

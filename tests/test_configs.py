@@ -33,6 +33,7 @@ ACCELERATE_CONFIGS = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
 SERVE_CONFIGS = sorted((ROOT / "configs" / "serve").glob("*.yaml"))
 EVAL_CONFIGS = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
 QUICKSTART = ROOT / "configs" / "quickstart" / "pipeline.yaml"
+FULL = ROOT / "configs" / "quickstart" / "full.yaml"
 QUICKSTART_STAGES = sorted((ROOT / "configs" / "quickstart").glob("*.yaml"))
 
 
@@ -79,9 +80,28 @@ def test_quickstart_pipeline_and_every_stage_config_validate():
 
     stages = load_config(PipelineConfig, QUICKSTART).stages
     plans = [stage_plan(stage, QUICKSTART.parent) for stage in stages]  # loads each stage's config
-    used = {QUICKSTART.parent / s.config for s in stages if s.config} | {QUICKSTART}
+    used = {QUICKSTART.parent / s.config for s in stages if s.config} | {QUICKSTART, FULL}
     assert used == set(QUICKSTART_STAGES)
     assert [argv[0] for argv, _, _ in plans] == ["collect", "train", "export", "train", "export", "eval"]
+
+
+def test_the_full_quickstart_is_the_quickstart_then_the_lead_tables_recipe():
+    """`specagent quickstart --full`: the quickstart's stages unchanged, then S's own runs, the
+    drafter distilled from them, its export, and the two evals of the README's lead table."""
+    from specagent.cli import FULL_PIPELINE
+    from specagent.quickstart import PipelineConfig, report_paths, stage_plan
+
+    assert ROOT / FULL_PIPELINE == FULL
+    quick, full = load_config(PipelineConfig, QUICKSTART).stages, load_config(PipelineConfig, FULL).stages
+    assert full[: len(quick)] == quick
+    plans = [stage_plan(stage, FULL.parent) for stage in full[len(quick):]]  # each stage's config validates
+    assert [argv[:2] for argv, _, _ in plans] == [["collect", "-c"], ["train", "drafter"],
+                                                  ["export", "runs/quickstart/train/drafter-on-policy"],
+                                                  ["eval", "-c"], ["eval", "-c"]]
+    trained = load_config(DrafterTrainConfig, FULL.parent / full[len(quick) + 1].config)
+    collected = load_config(CollectConfig, FULL.parent / full[len(quick)].config)
+    assert trained.dataset == collected.output  # the drafter learns from S's runs of the collect stage
+    assert [p.parent.name for p in report_paths(FULL)] == ["eval", "eval-unsure-latency", "eval-unsure"]
 
 
 def test_every_config_file_is_covered():
