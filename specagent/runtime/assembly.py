@@ -218,6 +218,10 @@ def plan_models(cfg: RuntimeSpec, modes: tuple[str, ...]) -> ModelPlan:
     if "weak" in configs:
         configs["weak"], weak_adapter = resolve_adapter(configs["weak"], weak_adapter, DRAFTER_ADAPTER, "drafter_adapter")
     wants_verifier = "strong" in configs and "specagent" in modes
+    if "weak" in configs and "specagent" in modes and cfg.protocol.draft_stop_below > 0 \
+            and configs["weak"].backend == "openai":
+        raise ConfigError("protocol.draft_stop_below: a drafter behind the openai backend cannot stop where it is "
+                          "unsure (the server decodes the whole step); draft on transformers or vllm, or set it to 0")
     if wants_verifier and cfg.verifier.kind == "head":
         head = head_adapter_dir(cfg.verifier.head)
         check_scoring(cfg.strong, "head")

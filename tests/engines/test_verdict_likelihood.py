@@ -33,6 +33,14 @@ def test_thresholds_and_backends_are_checked_where_they_are_configured():
                                        "verifier": {"kind": "likelihood"}})
     with pytest.raises(ConfigError, match="likelihood' needs a strong engine that scores"):
         plan_models(spec, ("specagent",))
+    remote_drafter = RuntimeSpec.model_validate({
+        "env": {"name": "store"}, "strong": {"backend": "transformers", "model": "smollm2"},
+        "weak": {"backend": "openai", "model": "w", "base_url": "http://127.0.0.1:9/v1"},
+        "verifier": {"kind": "likelihood"}, "protocol": {"draft_stop_below": 0.3}})
+    with pytest.raises(ConfigError, match="draft_stop_below: a drafter behind the openai backend"):
+        plan_models(remote_drafter, ("specagent",))
+    plan_models(remote_drafter.model_copy(update={"protocol": remote_drafter.protocol.model_copy(
+        update={"draft_stop_below": 0.0})}), ("specagent",))
 
 
 @pytest.fixture(scope="module")
