@@ -88,9 +88,13 @@ class VLLMEngine:
         kwargs: dict[str, Any] = dict(model=self.model_dir, max_model_len=max_model_len, seed=seed,
                                       enable_prefix_caching=True, enable_lora=bool(adapters))
         kwargs.update(engine_kwargs or {})
-        from specagent.engines.vllm_unsure import UnsureStop
-
-        kwargs["logits_processors"] = [*kwargs.get("logits_processors", []), UnsureStop]
+        try:
+            from specagent.engines.vllm_unsure import UnsureStop
+        except ImportError:  # a vLLM without V1 logits processors: no stop rule (`stop_below` refused)
+            UnsureStop = None  # noqa: N806
+        self.stops_unsure = UnsureStop is not None
+        if UnsureStop is not None:
+            kwargs["logits_processors"] = [*kwargs.get("logits_processors", []), UnsureStop]
         self.lora_enabled = bool(kwargs["enable_lora"])
         self.lora_capacity = max(max_loras, len(adapters or {}))
         if self.lora_enabled:
@@ -288,6 +292,9 @@ class VLLMEngine:
         seed = None if self.temperature <= 0 else self.seed + self._requests_made
         self._requests_made += 1
         unsure = request.stop_below > 0
+        if unsure and not self.stops_unsure:
+            raise EngineError(f"{self.model_name}: this vLLM has no V1 logits processors, so a request cannot "
+                              "stop where it is unsure; set protocol.draft_stop_below to 0")
         extra = {"stop_below": request.stop_below, "unsure_token": self._unsure_id} if unsure else None
         return SamplingParams(
             temperature=self.temperature, top_p=self.top_p, max_tokens=request.max_tokens, seed=seed,

@@ -263,8 +263,8 @@ def test_smollm2_answers_a_chat_with_a_tool(tokenizer, monkeypatch):
             ChatRequest(messages=[Message("user", "Say hello.")], max_tokens=12)]
     generated, generate = [], engine._generate
 
-    def spy(prompts, max_new):
-        out = generate(prompts, max_new)
+    def spy(prompts, max_new, *below):
+        out = generate(prompts, max_new, *below)
         generated.extend(zip(prompts, out))
         return out
 
