@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,7 +22,7 @@ from specagent.core.interfaces import ChatEngine
 from specagent.core.protocol import Models, ProtocolConfig
 from specagent.engines import EnginePool
 from specagent.engines.batching import BatchingEngine, CallerGroup
-from specagent.runtime.assembly import build_env, build_models, scripted_policy
+from specagent.runtime.assembly import build_env, build_models, protocol_config, scripted_policy
 from specagent.runtime.episodes import (
     EpisodeJob,
     StartJournal,
@@ -81,9 +81,7 @@ class EpisodeWorker:
         self._pool.for_roles(plan.engines, scripted_policy(first, plan.engines.values()))  # each engine once
         self._models = {arm: build_models(spec, first, self._pool, (mode,)) for arm, (spec, mode) in plan.arms.items()}
         # an eval arm may draft with its own settings (`ArmConfig.drafting`)
-        self._protocols = {arm: replace(plan.protocol, max_draft_steps=spec.protocol.max_draft_steps,
-                                        draft_stop_below=spec.protocol.draft_stop_below)
-                           for arm, (spec, _) in plan.arms.items()}
+        self._protocols = {arm: protocol_config(spec.protocol, plan.env) for arm, (spec, _) in plan.arms.items()}
         self._envs: queue.SimpleQueue = queue.SimpleQueue()
         for env in [first, *(build_env(plan.env) for _ in range(plan.concurrency - 1))]:
             self._envs.put(env)
