@@ -140,7 +140,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_env(args: argparse.Namespace) -> int:
     """Environment utilities: serve the built-in store domain as an MCP server; list a split's tasks."""
     if args.action == "tasks":
-        return _list_tasks(_options("EnvTasksOptions", args, "domain", "split", "user", "as_json"))
+        return _list_tasks(_options("EnvTasksOptions", args, "domain", "split", "user", "per_kind", "as_json"))
     if args.action == "tasks-from-runs":
         return _tasks_from_runs(_options("TasksFromRunsOptions", args, "trajectories", "out", "task_ids",
                                          "min_reward"))
@@ -175,7 +175,7 @@ def _list_tasks(args) -> int:
 
     from specagent.envs.store import StoreEnv
 
-    env = StoreEnv(split=args.split, user=args.user)
+    env = StoreEnv(split=args.split, user=args.user, per_kind=args.per_kind)
     counts: collections.Counter[str] = collections.Counter()
     for task_id in env.task_ids():
         task = env.task(task_id)
@@ -305,6 +305,9 @@ def _add_env_args(parser: argparse.ArgumentParser) -> None:
                        help="a generated split (default: the 42 hand-checked tasks)")
     tasks.add_argument("--user", choices=["ticket", "multi_turn"], default="ticket",
                        help="whose opening to show: ticket (default) or multi_turn (identity withheld)")
+    tasks.add_argument("--per-kind", type=int, metavar="N",
+                       help="with --split: N generated tasks of every kind (more than the split's own: its "
+                            "tasks, then each kind's next ones)")
     tasks.add_argument("--json", dest="as_json", action="store_true", help="one JSON object per task and line, no counts")
 
 

@@ -168,6 +168,9 @@ class EnvConfig(Strict):
     user: Literal["ticket", "multi_turn"] = "ticket"
     # store splits only: just the generated tasks of these kinds (e.g. [status, cancel]), a smaller domain
     kinds: Optional[list[str]] = None
+    # store splits only: this many generated tasks of every kind (default: the split's own, 48 train,
+    # 2 calibration/eval); more keeps the split's tasks and adds each kind's next ones after them
+    per_kind: Optional[int] = Field(None, gt=0)
     task_ids: Optional[list[str]] = None
     exclude_task_ids: list[str] = Field(default_factory=list)  # left out (e.g. the tasks an eval holds back)
     limit: Optional[int] = Field(None, gt=0)  # the first N tasks
@@ -181,6 +184,8 @@ class EnvConfig(Strict):
             raise ValueError(f"split and user are for the store environment, not {self.name!r}")
         if self.kinds is not None and (self.name != "store" or self.split is None):
             raise ValueError("kinds selects generated store tasks: it needs `name: store` and a `split`")
+        if self.per_kind is not None and (self.name != "store" or self.split is None):
+            raise ValueError("per_kind sizes a generated store split: it needs `name: store` and a `split`")
         if self.split and self.tasks_path:
             raise ValueError("split and tasks_path exclude each other: a split brings its own tasks")
         if self.name == "airline" and self.airline is None:
@@ -516,7 +521,14 @@ class EnvTasksOptions(Strict):
     domain: Literal["store"]
     split: Optional[Literal["train", "calibration", "eval"]] = None  # None: the 42 hand-checked tasks
     user: Literal["ticket", "multi_turn"] = "ticket"
+    per_kind: Optional[int] = Field(None, gt=0)  # --per-kind: this many generated tasks of every kind
     as_json: bool = False  # --json: one JSON object per task and line
+
+    @model_validator(mode="after")
+    def _per_kind_needs_a_split(self) -> "EnvTasksOptions":
+        if self.per_kind is not None and self.split is None:
+            raise ValueError("--per-kind sizes a generated split: give --split too")
+        return self
 
 
 class ServeMcpOptions(Strict):

@@ -43,7 +43,7 @@ def build_env(cfg: EnvConfig) -> Environment:
         case "store":
             from specagent.envs.store import StoreEnv
 
-            return StoreEnv(tasks_path=cfg.tasks_path or None, split=cfg.split, user=cfg.user)
+            return StoreEnv(tasks_path=cfg.tasks_path or None, split=cfg.split, user=cfg.user, per_kind=cfg.per_kind)
         case "airline":
             return airline_env(cfg)
         case "mcp":

@@ -173,6 +173,53 @@ def test_openings_and_answers_identify_the_task(split):
         assert len(set(keys)) == len(keys), user
 
 
+def test_per_kind_keeps_the_split_and_adds_each_kinds_next_tasks():
+    """A larger held-out split: the split's own tasks first, unchanged; then each kind's next
+    ones, drawn for that kind alone, so a smaller size is a prefix of a larger one per kind."""
+    own = generated("eval")
+    more = [t for t in generate.split_tasks("eval", 8) if "split" in t]
+    assert more[: len(own)] == own
+    assert set(collections.Counter(t["kind"] for t in more).values()) == {8}
+    assert generate.split_tasks("eval", 8)[-len(HAND_IDS):] == generate.hand_tasks()
+    ids = [t["id"] for t in more]
+    assert len(ids) == len(set(ids)) and "eval-cancel-0008" in ids
+    fewer = [t for t in generate.split_tasks("eval", 5) if "split" in t]
+    assert all(t in more for t in fewer) and len(fewer) == 5 * len(set(t["kind"] for t in own))
+    assert [t["id"] for t in generate.split_tasks("eval", 1) if "split" in t] == [
+        t["id"] for t in own if t["id"].endswith("-0001")]
+    # held out as the split's own: its users, none of train's orders, no training wording
+    db = generate.extended_db()
+    owners = generate.split_user_ids(db)
+    users = {user_of(t, db) for t in more}
+    assert users <= set(owners["eval"])
+    train = {mask(opening(t, user)) for t in generate.split_tasks("train") for user in ("ticket", "multi_turn")}
+    assert not [t["id"] for t in more for user in ("ticket", "multi_turn") if mask(opening(t, user)) in train]
+
+
+def test_per_kind_beyond_a_kinds_users_is_an_error():
+    with pytest.raises(LookupError, match="no user of the split left .* kind"):
+        generate.build_split_tasks("eval", generate.extended_db(), 40)
+    with pytest.raises(ValueError, match="per_kind"):
+        generate.build_split_tasks("eval", generate.extended_db(), 0)
+    with pytest.raises(ValueError, match="give a split"):
+        StoreEnv(per_kind=4)
+
+
+@pytest.mark.parametrize("user", ["ticket", "multi_turn"])
+def test_expert_scores_one_on_the_extra_tasks(user):
+    env = StoreEnv(split="eval", user=user, per_kind=6)
+    models = Models(strong=ScriptedEngine(expert_policy(env)))
+    extra = [t for t in env.task_ids() if re.search(r"-000[3-6]$", t)]
+    assert len(extra) == 4 * sum(len(kinds) for kinds in generate.KINDS.values())
+    failed = {}
+    for task_id in extra:
+        episode = run_episode(env, task_id, "strong", models, ProtocolConfig())
+        missing = ungrounded(env, task_id, episode.messages)
+        if episode.reward != 1.0 or episode.stop_reason != "user_done" or missing:
+            failed[task_id] = (episode.stop_reason, episode.reward_info, missing)
+    assert failed == {}, list(failed.items())[:3]
+
+
 # ---------------------------------------------------------------- the expert, through the protocol
 
 
@@ -296,6 +343,10 @@ def test_build_env_passes_split_and_user():
     env = build_env(EnvConfig(split="calibration", user="multi_turn"))
     assert (env.split, env.user, len(env.task_ids())) == ("calibration", "multi_turn", len(generated("calibration")))
     assert build_env(EnvConfig()).split is None
+    env = build_env(EnvConfig(split="eval", per_kind=3, kinds=["cancel"]))
+    assert "eval-cancel-0003" in env.task_ids()
+    with pytest.raises(ConfigError, match="per_kind sizes a generated store split"):
+        load_config(EnvConfig, None, ["per_kind=3"])
     # the config refuses what the store alone can do, before any environment is built
     with pytest.raises(ConfigError, match="split and user are for the store environment"):
         load_config(EnvConfig, None, ["name=mcp", "split=train"])
@@ -316,6 +367,8 @@ def test_cli_lists_a_splits_tasks(capsys):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == len(generate.split_tasks("eval")) and set(rows[0]) == {"id", "category", "request"}
     assert not any("@example.com" in row["request"] for row in rows)
+    assert main(["env", "tasks", "store", "--split", "eval", "--per-kind", "3"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"{len(generate.split_tasks('eval', 3))} tasks (eval")
 
 
 def test_cli_rejects_an_unknown_split(capsys):

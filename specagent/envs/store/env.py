@@ -163,19 +163,24 @@ class StoreEnv:
     _split_gold: dict[tuple[str, str], str] = {}
 
     def __init__(
-        self, tasks_path: str | Path | None = None, split: str | None = None, user: str = "ticket"
+        self, tasks_path: str | Path | None = None, split: str | None = None, user: str = "ticket",
+        per_kind: int | None = None,
     ) -> None:
         """``split=None``: the hand-checked tasks of ``tasks_path`` (default tasks.jsonl) on the
         seed database. ``split``: that generated split ("train", "calibration", "eval") on the
         extended database; eval also holds the hand-checked tasks, which keep the seed
         database (their facts, e.g. return id R004, assume its 3 returns). ``user``: "ticket"
-        or "multi_turn" (identity and order ids withheld until asked)."""
+        or "multi_turn" (identity and order ids withheld until asked). ``per_kind`` (a split
+        only): that many generated tasks of every kind instead of the split's own count (more:
+        the split's tasks unchanged, then each kind's extra ones; generate.build_split_tasks)."""
         if split is not None and split not in SPLITS:
             raise ValueError(f"split must be one of {', '.join(SPLITS)} or None, not {split!r}")
         if user not in USER_MODES:
             raise ValueError(f"user must be one of {', '.join(USER_MODES)}, not {user!r}")
         if split is not None and tasks_path is not None:
             raise ValueError("give a split or a tasks_path, not both")
+        if per_kind is not None and split is None:
+            raise ValueError("per_kind sizes a generated split: give a split too")
         self.split, self.user = split, user
         self.tasks_path = Path(tasks_path) if tasks_path is not None else TASKS_PATH
         if split is None:
@@ -184,7 +189,7 @@ class StoreEnv:
         else:
             from specagent.envs.store import generate
 
-            tasks, self._bases = generate.split_tasks(split), generate.bases()
+            tasks, self._bases = generate.split_tasks(split, per_kind), generate.bases()
         self._tasks = {str(task["id"]): mode_view(task, user) for task in tasks}
         self._gold_hashes: dict[str, str] = {}
         self._base = self._bases["extended" if split else "seed"]

@@ -21,6 +21,7 @@ training one. Gift cards carry no balance: the tools treat them like a card.
 
 from __future__ import annotations
 
+import collections
 import functools
 import pickle
 import random
@@ -1068,26 +1069,49 @@ def _next_task(db: dict[str, Any], split: str, category: str, kind: str, number:
             add_task(w, user_id, split, category, kind, number, draft, rng)
             used.add((user_id, kind))
             return w.tasks[-1], (cursor + step + 1) % len(users)
-    raise AssertionError(f"{split}: no user left for a {kind} task")
+    raise LookupError(f"{split}: no user of the split left for task {number} of kind {kind!r} (it has "
+                      f"{number - 1} such tasks at most)")
 
 
-def build_split_tasks(split: str, db: dict[str, Any]) -> list[dict[str, Any]]:
+def build_split_tasks(split: str, db: dict[str, Any], per_kind: int | None = None) -> list[dict[str, Any]]:
     """The generated tasks of ``split`` over ``db`` (the extended database), in a fixed order.
 
     Each kind gets PER_KIND[split][category] tasks; users are taken round robin from the
     split's own, each (user, kind) at most once, so tasks spread over the users.
+    ``per_kind``: that many tasks of every kind instead. Fewer: each kind's first ones. More:
+    the split's own tasks first, unchanged, then each kind's extra ones, drawn for that kind
+    alone (from the user after its last one on), so they do not depend on other kinds.
+    A kind with too few users in the split for ``per_kind`` raises LookupError.
     """
     generated = set(generated_user_ids(db))
     users = [u for u in split_user_ids(db)[split] if u in generated]  # the seed users have the hand tasks
     tasks: list[dict[str, Any]] = []
     used: set[tuple[str, str]] = set()
     cursor = 0
+    after: dict[str, int] = {}  # kind -> where its next user search starts
     for category, kinds in KINDS.items():
         for kind, _ in kinds:
             for number in range(1, PER_KIND[split][category] + 1):
                 task, cursor = _next_task(db, split, category, kind, number, users, used, cursor)
                 tasks.append(task)
-    return tasks
+            after[kind] = cursor
+    if per_kind is None:
+        return tasks
+    if per_kind < 1:
+        raise ValueError(f"per_kind must be at least 1, not {per_kind}")
+    taken: collections.Counter[str] = collections.Counter()
+    kept = []
+    for task in tasks:
+        taken[task["kind"]] += 1
+        if taken[task["kind"]] <= per_kind:
+            kept.append(task)
+    for category, kinds in KINDS.items():
+        for kind, _ in kinds:
+            cursor = after[kind]
+            for number in range(PER_KIND[split][category] + 1, per_kind + 1):
+                task, cursor = _next_task(db, split, category, kind, number, users, used, cursor)
+                kept.append(task)
+    return kept
 
 
 # ---------------------------------------------------------------- the hand-checked tasks in user modes
@@ -1120,12 +1144,13 @@ def hand_tasks() -> tuple[dict[str, Any], ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def split_tasks(split: str) -> tuple[dict[str, Any], ...]:
-    """The tasks of one split (eval: the generated ones, then the hand-checked ones). Shared:
-    do not modify them."""
+def split_tasks(split: str, per_kind: int | None = None) -> tuple[dict[str, Any], ...]:
+    """The tasks of one split (eval: the generated ones, then the hand-checked ones); with
+    ``per_kind``, that many generated tasks of every kind (build_split_tasks). Shared: do not
+    modify them."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
-    generated = build_split_tasks(split, extended_db())
+    generated = build_split_tasks(split, extended_db(), per_kind)
     problems = [f"{t['id']}: {p}" for t in generated if (p := check_store_task(t))]
     assert not problems, problems
     return tuple(generated) + (hand_tasks() if split == "eval" else ())
