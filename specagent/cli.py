@@ -206,11 +206,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from specagent.export import export, transformers_factory, vllm_factory
 
     opts = _options("ExportOptions", args, "run_dir", "out", "merge", "backend", "skip_smoke", "allow_degenerate",
-                    "max_model_len", "cpu_engine_defaults")
+                    "quantize", "max_model_len", "cpu_engine_defaults")
     kwargs = {"enforce_eager": True, "block_size": 32} if opts.cpu_engine_defaults else {}
     factory = vllm_factory(kwargs) if opts.backend == "vllm" else transformers_factory
     export(opts.run_dir, opts.out, merge_model=opts.merge, smoke=not opts.skip_smoke, factory=factory,
-           max_model_len=opts.max_model_len, backend=opts.backend, allow_degenerate=opts.allow_degenerate)
+           max_model_len=opts.max_model_len, backend=opts.backend, allow_degenerate=opts.allow_degenerate,
+           quantize=opts.quantize)
     return 0
 
 
@@ -224,6 +225,9 @@ def _add_export_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-smoke", action="store_true", help="no smoke gate (not recommended)")
     parser.add_argument("--allow-degenerate", action="store_true",
                         help="export a verdict head that accepts or rejects nearly every step (not recommended)")
+    parser.add_argument("--quantize", choices=["w8a8"],
+                        help="a full model (a drafter cut from S): write model/ as int8 W8A8 (compressed-tensors, "
+                             "served by vLLM: about half the bytes per token of its linear layers)")
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--cpu-engine-defaults", action=argparse.BooleanOptionalAction, default=True,
                         help="vLLM on CPU: enforce_eager and block_size 32 (turn off on GPU)")

@@ -494,6 +494,7 @@ class ExportOptions(Strict):
     backend: Literal["vllm", "transformers"] = "vllm"  # the engine the gate loads the export in
     skip_smoke: bool = False
     allow_degenerate: bool = False  # export a verdict head that accepts or rejects nearly every step
+    quantize: Optional[Literal["w8a8"]] = None  # a full model's model/ as int8 W8A8 (served by vLLM)
     max_model_len: int = Field(8192, gt=0)
     cpu_engine_defaults: bool = True  # vLLM on CPU: enforce_eager and block_size 32
 

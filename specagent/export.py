@@ -38,6 +38,8 @@ from specagent.records.segments import VerdictRow
 ADAPTER_NAME = "exported"
 CHANGED = 1e-3  # max |Δ log-prob| below which an adapter "changes nothing"
 MERGED_TOLERANCE = 0.3  # mean |Δ log-prob| merged vs base + adapter (bf16 engines differ by ~0.1)
+QUANTIZED_TOLERANCE = 1.0  # mean |Δ log-prob| quantized vs float, over the probe's candidate tokens (int8 of
+# SmolLM2's 10-layer cut: 0.31; a broken quantization moves them by nats)
 
 # what a Trainer checkpoint holds beside the adapter (not part of an export)
 TRAINER_STATE = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "trainer_state.json", "training_args.bin",
@@ -196,14 +198,22 @@ def merge(base_dir: str, adapter: Path, out: Path) -> None:
 
 def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smoke: bool = True,
            factory: EngineFactory | None = None, max_model_len: int = 8192, backend: str = "vllm",
-           allow_degenerate: bool = False) -> dict[str, Any]:
-    """Build the export in `<out>.partial`, gate it, then move it to `<out>`. Returns the manifest."""
+           allow_degenerate: bool = False, quantize: str | None = None) -> dict[str, Any]:
+    """Build the export in `<out>.partial`, gate it, then move it to `<out>`. Returns the manifest.
+
+    ``quantize="w8a8"`` (a full model only): model/ holds the int8 W8A8 checkpoint
+    (engines/quantize.py); the gate also checks it scores like the float one it came from."""
     from specagent.engines.models import materialize
     from specagent.runtime.provenance import versions
 
     run_dir, out = Path(run_dir), Path(out)
     run = read_run(run_dir)
     degenerate_check(run, allow_degenerate)
+    if quantize and not run["full"]:
+        raise ConfigError("--quantize: this run trained an adapter; quantize a full model (a drafter cut from S "
+                          "with `from_layers`, which writes model/)")
+    if quantize and smoke and backend != "vllm":
+        raise ConfigError("--quantize: the quantized checkpoint is served by vLLM; gate it with --backend vllm")
     base_model, gguf = run["config"].get("model", "smollm2"), run["config"].get("gguf_file")
     base_dir = materialize(base_model, gguf)
     work = out.with_name(out.name + ".partial")
@@ -213,13 +223,19 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
     run["profile"].save(weights)  # the engines render its prompts with it
     if merge_model and run["full"]:
         raise ConfigError("--merge: this run trained a full model (model/); there is no adapter to merge")
+    if quantize:
+        print(f"quantizing model/ ({quantize}) ...")
+        from specagent.engines.quantize import quantize as quantize_model
+
+        weights.rename(work / "model-float")
+        quantize_model(work / "model-float", weights, quantize)
     if merge_model:
         print("merging the adapter into the base weights ...")
         merge(base_dir, work / "adapter", work / "merged")
         run["profile"].save(work / "merged")
     manifest = ExportManifest(
         kind=run["kind"], base_model=base_model, base_dir=base_dir, source=str(run_dir.resolve()),
-        lora_rank=run["lora"].get("r"), full_model=run["full"], merged=merge_model,
+        lora_rank=run["lora"].get("r"), full_model=run["full"], merged=merge_model, quantization=quantize,
         prompt_profile=asdict(run["profile"]), metrics=run["metrics"], versions=versions(),
         trained_with=run["versions"],
     ).dump()
@@ -227,6 +243,7 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
     if smoke:
         smoke_figures = smoke_gate(run, work, base_dir, factory or vllm_factory(), max_model_len, backend)
         manifest = ExportManifest.parse({**manifest, "smoke": smoke_figures}, "export manifest").dump()
+    shutil.rmtree(work / "model-float", ignore_errors=True)
     (work / "export.json").write_text(json.dumps(manifest, indent=2, default=str))
     (work / "README.md").write_text(model_card(manifest, run))
     shutil.rmtree(out, ignore_errors=True)
@@ -310,6 +327,16 @@ def full_model_gate(run: dict[str, Any], work: Path, base_dir: str, factory: Eng
         source.close()
     if result["max_logprob_change"] < CHANGED:
         raise SmokeGateFailed("smoke gate: the model scores exactly like the one it was trained from; was it trained?")
+    if (work / "model-float").is_dir():  # --quantize: the int8 model against the float one it came from
+        float_engine = factory(str((work / "model-float").resolve()), {}, max_model_len)
+        try:
+            result["quantized_mean_diff"] = mean_diff(tuned, prompt_probe(request)(float_engine, None))
+            result["float_weight_bytes"] = float_engine.cost.weight_bytes
+        finally:
+            float_engine.close()
+        if result["quantized_mean_diff"] > QUANTIZED_TOLERANCE:
+            raise SmokeGateFailed(f"smoke gate: the quantized model scores unlike the float one (mean |Δ log-prob| "
+                                  f"{result['quantized_mean_diff']:.3f} > {QUANTIZED_TOLERANCE})")
     result["backend"] = backend
     print("smoke gate: " + json.dumps(result, default=str))
     return result
@@ -350,7 +377,10 @@ def smoke_lines(smoke: dict[str, Any] | None) -> list[str]:
              "that the export loads, runs one real round and changes the model (max |Δ log-prob| "
              f"{smoke.get('max_logprob_change', 0):.3g} vs the model it was trained from"
              + (f"; merged checkpoint vs base + adapter: mean |Δ| {smoke['merged_mean_diff']:.2g}"
-                if "merged_mean_diff" in smoke else "") + "). It does not measure quality."]
+                if "merged_mean_diff" in smoke else "")
+             + (f"; quantized vs float checkpoint: mean |Δ| {smoke['quantized_mean_diff']:.2g}, weight bytes "
+                f"{smoke['weight_bytes']:,} vs {smoke['float_weight_bytes']:,}"
+                if "quantized_mean_diff" in smoke else "") + "). It does not measure quality."]
     if "malformed" in smoke:
         shape = ("**malformed** (it fails to parse or to match a tool schema)" if smoke["malformed"] else
                  "well-formed" + (f" (calls {', '.join(smoke['tool_calls'])})" if smoke.get("tool_calls") else
@@ -371,7 +401,9 @@ def model_card(manifest: dict[str, Any], run: dict[str, Any]) -> str:
     lines = [
         f"# specagent export: {manifest['kind']}", "",
         f"- base model: `{manifest['base_model']}` (`{manifest['base_dir']}`)",
-        ("- a full checkpoint in `model/`" if manifest["full_model"] else
+        ("- a full checkpoint in `model/`" + (f", quantized {manifest['quantization']} (int8 weights and "
+                                              "activations, LM head in the engine's dtype)"
+                                              if manifest.get("quantization") else "") if manifest["full_model"] else
          f"- LoRA rank {manifest['lora_rank']}; adapter in `adapter/`"
          + ("; merged checkpoint in `merged/`" if manifest["merged"] else "")),
         f"- prompt profile `{manifest['prompt_profile']['name']}` (saved with the weights; the engines apply it)",

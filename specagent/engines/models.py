@@ -13,7 +13,7 @@ import os
 import shutil
 import struct
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 SMOLLM2_ALIAS = "smollm2"
 
@@ -84,11 +84,23 @@ def adapter_parameters(adapter_dir: str | Path) -> int:
                for shape in safetensors_shapes(file).values())
 
 
-def safetensors_shapes(path: Path) -> dict[str, list[int]]:
+def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
+    """name -> {dtype, shape, data_offsets} of a safetensors file (no weights read)."""
     with open(path, "rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
         header = json.loads(handle.read(length))
-    return {name: entry["shape"] for name, entry in header.items() if name != "__metadata__"}
+    return {name: entry for name, entry in header.items() if name != "__metadata__"}
+
+
+def safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    return {name: entry["shape"] for name, entry in safetensors_header(path).items()}
+
+
+# safetensors dtypes an engine casts to its own dtype on load (the rest, e.g. a quantized
+# checkpoint's I8 weights, are kept as stored)
+FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+STORED_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 def product(shape: Sequence[int]) -> int:

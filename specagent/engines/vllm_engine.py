@@ -20,7 +20,14 @@ from specagent.core.errors import ContextLengthExceeded, EngineError, EngineUnav
 from specagent.core.interfaces import ChatRequest, Completion, ModelCost, ScoreRequest, Scores
 from specagent.core.toolcalls import parse_assistant_text
 from specagent.core.types import Usage
-from specagent.engines.models import adapter_parameters, materialize, product, safetensors_shapes
+from specagent.engines.models import (
+    FLOAT_DTYPES,
+    STORED_BYTES,
+    adapter_parameters,
+    materialize,
+    product,
+    safetensors_header,
+)
 from specagent.engines.render import PromptProfile, render_prompt
 from specagent.engines.vllm_start import KVCachePlan, cpu_engine_kwargs, on_cpu, start_error
 
@@ -425,7 +432,7 @@ def engine_cost(llm: Any, model_dir: str) -> ModelCost:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     chunk = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
     return ModelCost(
-        weight_bytes=count_parameters(model_dir, config) * weight_element,
+        weight_bytes=checkpoint_bytes(model_dir, config, weight_element),
         kv_bytes_per_token=2 * config.num_hidden_layers * kv_heads * head_dim * kv_element,
         prefill_chunk=chunk or 8192,
         dtype=str(model_config.dtype).removeprefix("torch."),
@@ -440,10 +447,29 @@ def count_parameters(model_dir: str, config: Any) -> int:
         from huggingface_hub import get_safetensors_metadata
 
         return sum(get_safetensors_metadata(model_dir).parameter_count.values())
-    tied = bool(getattr(config, "tie_word_embeddings", False))
+    return sum(product(entry["shape"]) for _, entry in _weights(files, config))
+
+
+def checkpoint_bytes(model_dir: str, config: Any, float_element: int) -> int:
+    """Bytes of weights the engine holds: float tensors at the engine's dtype (``float_element``
+    bytes: vLLM casts them on load), any other (a quantized checkpoint's int8 weights) as
+    stored. Tied embeddings count once; hub ids are taken as all-float."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        return count_parameters(model_dir, config) * float_element
     total = 0
-    for file in files:
-        for name, shape in safetensors_shapes(file).items():
-            if not (tied and name.endswith("lm_head.weight")):
-                total += product(shape)
+    for name, entry in _weights(files, config):
+        dtype = entry["dtype"]
+        if dtype not in STORED_BYTES:
+            raise EngineError(f"{model_dir}: tensor {name} has dtype {dtype}, which the byte count does not know")
+        total += product(entry["shape"]) * (float_element if dtype in FLOAT_DTYPES else STORED_BYTES[dtype])
     return total
+
+
+def _weights(files: list[Path], config: Any):
+    """(name, header entry) of every tensor of a checkpoint but a tied LM head."""
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    for file in files:
+        for name, entry in safetensors_header(file).items():
+            if not (tied and name.endswith("lm_head.weight")):
+                yield name, entry

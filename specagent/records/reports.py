@@ -36,6 +36,7 @@ class ExportManifest(Record):
     lora_rank: Optional[int] = None
     full_model: bool = False  # model/ (a full checkpoint) instead of adapter/
     merged: bool = False
+    quantization: Optional[str] = None  # model/ quantized by `export --quantize` (e.g. w8a8)
     prompt_profile: dict[str, Any]  # engines.render.PromptProfile, as saved beside the weights
     metrics: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, Any] = Field(default_factory=dict)

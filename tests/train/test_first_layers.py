@@ -152,3 +152,97 @@ def test_a_cut_past_the_model_or_keeping_every_layer_is_refused(strong_dir, laye
 
     with pytest.raises(ConfigError, match="decoder layers"):
         first_layers(AutoModelForCausalLM.from_pretrained(strong_dir), layers)
+
+
+def test_a_quantized_checkpoint_holds_int8_linear_weights_within_a_step(strong_dir, tmp_path):
+    """`export --quantize w8a8`'s step alone: every Linear but the LM head becomes int8 with a
+    scale per output channel (dequantized, each weight within one step of the original: half a
+    step of rounding, and the scale itself is stored in bf16);
+    the embeddings stay float; the byte count the vLLM engine uses drops accordingly."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specagent.engines.quantize import quantize
+    from specagent.engines.vllm_engine import checkpoint_bytes
+
+    out = quantize(strong_dir, tmp_path / "q")
+    tensors = load_file(str(out / "model.safetensors"))
+    original = AutoModelForCausalLM.from_pretrained(strong_dir, dtype=torch.bfloat16).state_dict()
+    linear = [n for n in original if n.endswith("proj.weight")]
+    assert len(linear) == 4 * 7  # q, k, v, o, gate, up, down in each of 4 layers
+    for name in linear:
+        q, scale = tensors[name], tensors[name.replace(".weight", ".weight_scale")].float()
+        assert q.dtype == torch.int8 and scale.shape == (q.shape[0], 1)
+        assert ((q.float() * scale - original[name].float()).abs() <= scale).all(), name
+    assert tensors["model.embed_tokens.weight"].dtype == torch.bfloat16
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert config["format"] == "int-quantized" and config["ignore"] == ["lm_head"]
+    group = config["config_groups"]["group_0"]
+    assert group["weights"]["strategy"] == "channel" and group["input_activations"]["dynamic"] is True
+    assert PromptProfile.load(out) == PROFILES["compact"]  # the serving profile travels with the weights
+    hf = AutoConfig.from_pretrained(strong_dir)
+    assert checkpoint_bytes(str(out), hf, 2) < checkpoint_bytes(str(strong_dir), hf, 2)
+
+
+def test_export_refuses_to_quantize_an_adapter_or_gate_it_off_vllm(mined, strong_dir, tmp_path):
+    from specagent.core.errors import ConfigError
+    from specagent.export import export, transformers_factory
+    from specagent.train.drafter import train_drafter
+
+    train_drafter(drafter_cfg(mined, tmp_path, f"model={strong_dir}", "from_layers=2", "lora=null",
+                              "train.max_steps=1", "max_length=4096"))
+    with pytest.raises(ConfigError, match="--backend vllm"):
+        export(tmp_path / "out", tmp_path / "export", factory=transformers_factory, backend="transformers",
+               quantize="w8a8")
+    train_drafter(drafter_cfg(mined, tmp_path, f"model={strong_dir}", "output_dir=" + str(tmp_path / "lora"),
+                              "train.max_steps=1", "max_length=4096"))
+    with pytest.raises(ConfigError, match="trained an adapter"):
+        export(tmp_path / "lora", tmp_path / "export", quantize="w8a8")
+    assert not (tmp_path / "export").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.own_engine
+def test_vllm_serves_a_quantized_cut_and_counts_its_int8_bytes(smollm2_dir, tmp_path):
+    """SmolLM2 cut to 8 layers, quantized W8A8, in vLLM (its own process): it loads and
+    generates, and its weight bytes are the int8 linear layers at one byte plus the bf16
+    embeddings, norms and scales (the float cut: every parameter at two)."""
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specagent.engines.quantize import quantize
+    from specagent.train.drafter import first_layers
+    from tests.conftest import need_vllm
+
+    need_vllm()
+    cut = first_layers(AutoModelForCausalLM.from_pretrained(smollm2_dir), 8)
+    embed = cut.model.embed_tokens.weight.numel()
+    linear = sum(m.weight.numel() for n, m in cut.named_modules() if n.endswith("proj"))
+    norms = sum(p.numel() for n, p in cut.named_parameters() if "norm" in n)
+    cut.save_pretrained(tmp_path / "cut")
+    AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(tmp_path / "cut")
+    quantize(tmp_path / "cut", tmp_path / "q")
+    code = ("from specagent.core.interfaces import ChatRequest\n"
+            "from specagent.core.types import Message\n"
+            "from specagent.engines.vllm_engine import VLLMEngine\n"
+            "import sys\n"
+            "if __name__ == '__main__':\n"
+            "    e = VLLMEngine(sys.argv[1], max_model_len=1024, engine_kwargs={'enforce_eager': True})\n"
+            "    out = e.chat([ChatRequest(messages=[Message(role='user', content='Where is my order?')], "
+            "max_tokens=8)])[0]\n"
+            "    print('BYTES', e.cost.weight_bytes, out.usage.completion_tokens); e.close()\n")
+    (tmp_path / "load.py").write_text(code)
+    figures = {}
+    for name in ("cut", "q"):
+        done = subprocess.run([sys.executable, str(tmp_path / "load.py"), str(tmp_path / name)], capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        figures[name] = [int(v) for v in next(l for l in done.stdout.splitlines() if l.startswith("BYTES")).split()[1:]]
+    assert figures["cut"][0] == 2 * (embed + linear + norms)
+    scales = 2 * sum(m.weight.shape[0] for n, m in cut.named_modules() if n.endswith("proj"))
+    assert figures["q"][0] == 2 * (embed + norms) + linear + scales
+    assert figures["q"][1] > 0
