@@ -43,6 +43,7 @@ class StageConfig(Strict):
     to: Optional[str] = None
     merge: bool = False
     backend: Literal["vllm", "transformers"] = "vllm"
+    quantize: Optional[Literal["w8a8"]] = None
 
 
 class PipelineConfig(Strict):
@@ -55,6 +56,7 @@ def stage_plan(stage: StageConfig, base: Path) -> tuple[list[str], Path, str]:
         if not stage.from_ or not stage.to:
             raise ConfigError("an export stage needs `from` and `to`")
         argv = ["export", stage.from_, "-o", stage.to, "--backend", stage.backend] + (["--merge"] if stage.merge else [])
+        argv += ["--quantize", stage.quantize] if stage.quantize else []
         return argv, Path(stage.to) / "export.json", f"export {stage.to}"
     if not stage.config:
         raise ConfigError(f"stage {stage.command!r} needs a `config`")

@@ -87,7 +87,8 @@ def test_quickstart_pipeline_and_every_stage_config_validate():
 
 def test_the_full_quickstart_is_the_quickstart_then_the_lead_tables_recipe():
     """`specagent quickstart --full`: the quickstart's stages unchanged, then S's own runs, the
-    drafter distilled from them, its export, and the eval of the README's lead table."""
+    drafter distilled from them, its export, the eval of the README's lead table, and the same
+    drafter quantized (export --quantize w8a8) with its eval."""
     from specagent.cli import FULL_PIPELINE
     from specagent.quickstart import PipelineConfig, report_paths, stage_plan
 
@@ -97,11 +98,14 @@ def test_the_full_quickstart_is_the_quickstart_then_the_lead_tables_recipe():
     plans = [stage_plan(stage, FULL.parent) for stage in full[len(quick):]]  # each stage's config validates
     assert [argv[:2] for argv, _, _ in plans] == [["collect", "-c"], ["train", "drafter"],
                                                   ["export", "runs/quickstart/train/drafter-on-policy"],
+                                                  ["eval", "-c"],
+                                                  ["export", "runs/quickstart/train/drafter-on-policy"],
                                                   ["eval", "-c"]]
+    assert plans[-2][0][-2:] == ["--quantize", "w8a8"] and "--quantize" not in plans[2][0]
     trained = load_config(DrafterTrainConfig, FULL.parent / full[len(quick) + 1].config)
     collected = load_config(CollectConfig, FULL.parent / full[len(quick)].config)
     assert trained.dataset == collected.output  # the drafter learns from S's runs of the collect stage
-    assert [p.parent.name for p in report_paths(FULL)] == ["eval", "eval-64-latency"]
+    assert [p.parent.name for p in report_paths(FULL)] == ["eval", "eval-64-latency", "eval-64-w8a8"]
 
 
 def test_every_config_file_is_covered():
