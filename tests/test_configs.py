@@ -34,6 +34,7 @@ SERVE_CONFIGS = sorted((ROOT / "configs" / "serve").glob("*.yaml"))
 EVAL_CONFIGS = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
 QUICKSTART = ROOT / "configs" / "quickstart" / "pipeline.yaml"
 FULL = ROOT / "configs" / "quickstart" / "full.yaml"
+MULTI_TURN = ROOT / "configs" / "quickstart" / "multi_turn.yaml"
 QUICKSTART_STAGES = sorted((ROOT / "configs" / "quickstart").glob("*.yaml"))
 
 
@@ -80,7 +81,7 @@ def test_quickstart_pipeline_and_every_stage_config_validate():
 
     stages = load_config(PipelineConfig, QUICKSTART).stages
     plans = [stage_plan(stage, QUICKSTART.parent) for stage in stages]  # loads each stage's config
-    used = {QUICKSTART.parent / s.config for s in stages if s.config} | {QUICKSTART, FULL}
+    used = {QUICKSTART.parent / s.config for s in stages if s.config} | {QUICKSTART, FULL, MULTI_TURN}
     assert used == set(QUICKSTART_STAGES)
     assert [argv[0] for argv, _, _ in plans] == ["collect", "train", "export", "train", "export", "eval"]
 
@@ -106,6 +107,29 @@ def test_the_full_quickstart_is_the_quickstart_then_the_lead_tables_recipe():
     collected = load_config(CollectConfig, FULL.parent / full[len(quick)].config)
     assert trained.dataset == collected.output  # the drafter learns from S's runs of the collect stage
     assert [p.parent.name for p in report_paths(FULL)] == ["eval", "eval-64-latency", "eval-64-w8a8"]
+
+
+def test_the_multi_turn_recipe_trains_s_and_its_drafter_on_both_collected_user_modes():
+    """configs/quickstart/multi_turn.yaml: S learns from the ticket and the multi-turn
+    demonstrations the pipeline collects; the drafter is cut from that S's export and learns
+    from the same rows; the eval serves both exports with the multi-turn user."""
+    from specagent.quickstart import PipelineConfig, stage_plan
+
+    stages = load_config(PipelineConfig, MULTI_TURN).stages
+    plans = [stage_plan(stage, MULTI_TURN.parent) for stage in stages]  # each stage's config validates
+    assert [argv[0] for argv, _, _ in plans] == ["collect", "collect", "train", "export", "train", "export", "eval"]
+    collected = [load_config(CollectConfig, MULTI_TURN.parent / s.config) for s in stages[:2]]
+    assert [c.env.user for c in collected] == ["ticket", "multi_turn"]
+    assert collected[0].env.kinds == collected[1].env.kinds and collected[1].env.split == "train"
+    strong, drafter = (load_config(DrafterTrainConfig, MULTI_TURN.parent / stages[i].config) for i in (2, 4))
+    outputs = [c.output for c in collected]
+    assert strong.dataset == outputs and drafter.dataset == outputs
+    assert stages[3].from_ == strong.output_dir and stages[3].merge
+    assert drafter.model == f"{stages[3].to}/merged" and drafter.from_layers
+    assert stages[5].from_ == drafter.output_dir
+    evaluated = load_config(EvalConfig, MULTI_TURN.parent / stages[6].config)
+    assert evaluated.env.user == "multi_turn" and evaluated.env.split == "eval"
+    assert (evaluated.strong.model, evaluated.weak.model) == (drafter.model, f"{stages[5].to}/model")
 
 
 def test_every_config_file_is_covered():
