@@ -69,6 +69,8 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=4, help="steps per segment (DRAFT's max_draft_steps)")
     parser.add_argument("--threshold", type=float, default=1.0)
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--warm-context", action="store_true",
+                        help="prefill the context before verify and plain prefill (as in a run): both compute the tail")
     parser.add_argument("--out", default="runs/bench/verdict_cost.json")
     args = parser.parse_args()
 
@@ -82,7 +84,9 @@ def main() -> None:
     try:
         trajectories = read_trajectories(args.trajectories)[: args.limit]
         first = trajectories[0]
-        engine.chat([ChatRequest(first.messages[:2], first.tools, 2)])  # warm-up
+        engine.chat([ChatRequest(first.messages[:2], first.tools, 2)])  # warm-up, both request kinds
+        engine._generate([engine._prompt_ids(ChatRequest(first.messages[:2], first.tools, 1))],
+                         [SamplingParams(max_tokens=1, detokenize=False, temperature=0.0, prompt_logprobs=0)], [None])
         for traj in tqdm(trajectories, desc="segments", unit="seg"):
             read_only = classify_tools(traj.tools, strict=False)
             cut = cut_point(traj)
@@ -93,16 +97,24 @@ def main() -> None:
             if not steps:
                 continue
             context = traj.messages[:cut]
-            engine.llm.reset_prefix_cache()
+            context_ids = engine._prompt_ids(ChatRequest(context, traj.tools, 1))
+
+            def reset() -> None:
+                engine.llm.reset_prefix_cache()
+                if args.warm_context:
+                    engine._generate([context_ids], [plain], [None])
+
+            reset()
             (verdict, charges), verify_s = timed(lambda: verifier.verify(context, traj.tools, segment))
             usage = charges[0][1]
             committed = traj.messages[: committed_end(traj, cut, verdict.accepted)]
             repair = engine.chat([ChatRequest(committed, traj.tools, 1)])[0]
             prompt_ids, _ = verifier.prompt(context, traj.tools, steps)  # what the verify request sent
-            engine.llm.reset_prefix_cache()
-            _, plain_s = timed(lambda: engine._generate([prompt_ids], [plain], [None]))
+            reset()
+            plain_out, plain_s = timed(lambda: engine._generate([prompt_ids], [plain], [None]))
             rows.append({"trajectory": traj.id, "cut": cut, "steps": len(steps), "accepted": verdict.accepted,
                          "verify_prompt_tokens": usage.prompt_tokens, "verify_cached_tokens": usage.cached_tokens,
+                         "plain_cached_tokens": plain_out[0].num_cached_tokens or 0,
                          "verify_s": round(verify_s, 4), "plain_prefill_s": round(plain_s, 4),
                          "repair_prompt_tokens": repair.usage.prompt_tokens,
                          "repair_cached_tokens": repair.usage.cached_tokens})
@@ -127,7 +139,7 @@ def main() -> None:
         "repair_cached_share": repair_cached / repair_prompt if repair_prompt else None,
     }
     report = {"command": " ".join(sys.argv), "git_sha": versions().get("git_sha"), "backend": "vllm",
-              "strong": args.strong, "threshold": args.threshold, "rows": rows, "summary": summary}
+              "warm_context": args.warm_context, "strong": args.strong, "threshold": args.threshold, "rows": rows, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(json.dumps(summary, indent=2))
