@@ -6,9 +6,10 @@ import argparse
 import json
 import os
 import sys
-from typing import Callable
+from typing import Callable, get_args
 
 from specagent.core.errors import ConfigError, EngineError, SpecAgentError, TaskFileError
+from specagent.core.types import Quantization
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -225,7 +226,7 @@ def _add_export_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-smoke", action="store_true", help="no smoke gate (not recommended)")
     parser.add_argument("--allow-degenerate", action="store_true",
                         help="export a verdict head that accepts or rejects nearly every step (not recommended)")
-    parser.add_argument("--quantize", choices=["w8a8"],
+    parser.add_argument("--quantize", choices=get_args(Quantization),
                         help="a full model (a drafter cut from S): write model/ as int8 W8A8 (compressed-tensors, "
                              "served by vLLM: about half the bytes per token of its linear layers)")
     parser.add_argument("--max-model-len", type=int, default=8192)

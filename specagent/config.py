@@ -14,7 +14,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, NonNegativeIn
 from specagent.core.errors import ConfigError
 from specagent.core.files import read_text
 from specagent.core.protocol import MODES, Mode
-from specagent.core.types import Dtype
+from specagent.core.types import Dtype, Quantization
 
 
 class Strict(BaseModel):
@@ -494,7 +494,7 @@ class ExportOptions(Strict):
     backend: Literal["vllm", "transformers"] = "vllm"  # the engine the gate loads the export in
     skip_smoke: bool = False
     allow_degenerate: bool = False  # export a verdict head that accepts or rejects nearly every step
-    quantize: Optional[Literal["w8a8"]] = None  # a full model's model/ as int8 W8A8 (served by vLLM)
+    quantize: Optional[Quantization] = None  # a full model's model/ as int8 W8A8 (served by vLLM)
     max_model_len: int = Field(8192, gt=0)
     cpu_engine_defaults: bool = True  # vLLM on CPU: enforce_eager and block_size 32
 

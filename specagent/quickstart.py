@@ -30,6 +30,7 @@ from specagent.config import (
     load_config,
 )
 from specagent.core.errors import ConfigError, SpecAgentError
+from specagent.core.types import Quantization
 
 SCHEMAS = {"collect": CollectConfig, "mine": MineConfig, "train drafter": DrafterTrainConfig,
            "train verdict": VerdictTrainConfig, "eval": EvalConfig}
@@ -43,7 +44,7 @@ class StageConfig(Strict):
     to: Optional[str] = None
     merge: bool = False
     backend: Literal["vllm", "transformers"] = "vllm"
-    quantize: Optional[Literal["w8a8"]] = None
+    quantize: Optional[Quantization] = None
 
 
 class PipelineConfig(Strict):

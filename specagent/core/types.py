@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any, Iterable, Literal
 
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]  # weight dtypes a config may ask for
+Quantization = Literal["w8a8"]  # schemes `specagent export --quantize` writes (engines/quantize.py)
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import get_args
 
-SCHEMES = ("w8a8",)
+from specagent.core.types import Quantization
+
+SCHEMES: tuple[str, ...] = get_args(Quantization)
 # files of a model dir the quantized copy keeps as they are (tokenizer, template, prompt profile)
 KEPT = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
         "generation_config.json", "prompt_profile.json", "vocab.json", "merges.txt")
