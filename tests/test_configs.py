@@ -112,12 +112,14 @@ def test_the_full_quickstart_is_the_quickstart_then_the_lead_tables_recipe():
 def test_the_multi_turn_recipe_trains_s_and_its_drafter_on_both_collected_user_modes():
     """configs/quickstart/multi_turn.yaml: S learns from the ticket and the multi-turn
     demonstrations the pipeline collects; the drafter is cut from that S's export and learns
-    from the same rows; the eval serves both exports with the multi-turn user."""
+    from the same rows; the eval serves both exports with the multi-turn user. Then a second
+    drafter of the same cut learns from S's own runs of the training tasks and is evaluated in int8."""
     from specagent.quickstart import PipelineConfig, stage_plan
 
     stages = load_config(PipelineConfig, MULTI_TURN).stages
     plans = [stage_plan(stage, MULTI_TURN.parent) for stage in stages]  # each stage's config validates
-    assert [argv[0] for argv, _, _ in plans] == ["collect", "collect", "train", "export", "train", "export", "eval"]
+    assert [argv[0] for argv, _, _ in plans] == ["collect", "collect", "train", "export", "train", "export", "eval",
+                                                 "collect", "collect", "train", "export", "eval"]
     collected = [load_config(CollectConfig, MULTI_TURN.parent / s.config) for s in stages[:2]]
     assert [c.env.user for c in collected] == ["ticket", "multi_turn"]
     assert collected[0].env.kinds == collected[1].env.kinds and collected[1].env.split == "train"
@@ -130,6 +132,18 @@ def test_the_multi_turn_recipe_trains_s_and_its_drafter_on_both_collected_user_m
     evaluated = load_config(EvalConfig, MULTI_TURN.parent / stages[6].config)
     assert evaluated.env.user == "multi_turn" and evaluated.env.split == "eval"
     assert (evaluated.strong.model, evaluated.weak.model) == (drafter.model, f"{stages[5].to}/model")
+    # then S's own runs of the same tasks with both users, the drafter distilled from them, in int8
+    own_runs = [load_config(CollectConfig, MULTI_TURN.parent / s.config) for s in stages[7:9]]
+    assert [c.env.user for c in own_runs] == ["ticket", "multi_turn"]
+    assert all(c.strong.model == drafter.model and c.env.kinds == collected[0].env.kinds for c in own_runs)
+    assert {c.env.split for c in own_runs} == {"train"}
+    distilled = load_config(DrafterTrainConfig, MULTI_TURN.parent / stages[9].config)
+    assert distilled.dataset == [c.output for c in own_runs] and distilled.model == drafter.model
+    assert distilled.from_layers == drafter.from_layers and distilled.output_dir != drafter.output_dir
+    assert stages[10].from_ == distilled.output_dir and stages[10].quantize == "w8a8"
+    latency = load_config(EvalConfig, MULTI_TURN.parent / stages[11].config)
+    assert latency.concurrency == 1 and latency.env.split == "eval"
+    assert (latency.strong.model, latency.weak.model) == (drafter.model, f"{stages[10].to}/model")
 
 
 def test_every_config_file_is_covered():
