@@ -217,9 +217,12 @@ class VerifierConfig(Strict):
 
     kind: Literal["generative", "head", "likelihood", "scripted"] = "generative"
     adapter: Optional[str] = None  # generative: a verdict adapter name on the strong engine
-    head: Optional[str] = None  # head: a `specagent export` dir of a verdict head
+    # head: a `specagent export` dir of a verdict head; likelihood: a likelihood head (the output dir of
+    # `specagent train verdict` with kind likelihood) that scores each step instead of the greedy rule
+    head: Optional[str] = None
     # head: P(valid) a step needs (None: the calibrated one); likelihood: the least probability
-    # a token that is not the strong model's greedy choice may have (None: 1.0, greedy steps only)
+    # a token that is not the strong model's greedy choice may have (None: 1.0, greedy steps only),
+    # or with a likelihood head the P(valid) a step needs (None: its calibrated one)
     threshold: Optional[float] = Field(None, gt=0.0, le=1.0)
     max_tokens: int = Field(8, gt=0)
     # head: the strong model already holds the head (`specagent export --merge` of it): the base
@@ -832,7 +835,7 @@ class VerdictTrainConfig(Strict):
     """`specagent train verdict`: a verdict head (`head`) or a generative verdict adapter (`generative`)
     for the strong model, on the mined `verdict` dataset."""
 
-    kind: Literal["head", "generative"] = "head"
+    kind: Literal["head", "generative", "likelihood"] = "head"
     dataset: str  # the `verdict` DatasetDict of a `specagent mine` output dir
     model: str = "smollm2"
     gguf_file: Optional[str] = None
@@ -846,6 +849,14 @@ class VerdictTrainConfig(Strict):
     # the head can be merged into it (one set of weights acts and judges; the repair then reuses
     # the verdict's prefill in vLLM's cache). 0: a head only (served as an adapter)
     act_loss_weight: float = Field(0.0, ge=0.0)
+    # likelihood: a logistic model over the strong model's own token probabilities of each step
+    # (engines/likelihood_head.py); its weights are not changed. `calibration`: a second mined
+    # `verdict` dir (every split) whose rows alone choose the threshold, e.g. the drafter's drafts
+    # on the strong model's runs of a calibration split; None: `dataset`'s validation split
+    calibration: Optional[str] = None
+    scorer: Optional[EngineConfig] = None  # likelihood: the engine that scores rows (None: transformers on `model`)
+    l2: float = Field(1e-3, ge=0.0)  # likelihood: the logistic fit's L2 penalty
+    allow_degenerate: bool = False  # likelihood: save a head that accepts or rejects nearly every step, exit 0
     eval_limit: Optional[int] = Field(None, gt=0)  # validation rows scored at the end
     eval_max_tokens: int = Field(8, gt=0)  # generative: the verdict's decode budget
     lora: LoraSettings = Field(default_factory=LoraSettings)

@@ -67,7 +67,8 @@ def stage_plan(stage: StageConfig, base: Path) -> tuple[list[str], Path, str]:
         "collect": lambda: Path(cfg.output),
         "mine": lambda: Path(cfg.output_dir) / "stats.json",
         "train drafter": lambda: Path(cfg.output_dir) / "metrics.json",  # written last, LoRA or full model
-        "train verdict": lambda: Path(cfg.output_dir) / "adapter" / "adapter_config.json",
+        "train verdict": lambda: Path(cfg.output_dir) / ("head/likelihood_head.json" if cfg.kind == "likelihood"
+                                                        else "adapter/adapter_config.json"),
         "eval": lambda: Path(cfg.output_dir) / "report.md",
     }[stage.command]()
     return [*stage.command.split(), "-c", str(path)], done, f"{stage.command} ({path.name})"

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 from specagent.core.interfaces import ScoreRequest, TokenScorer
 from specagent.core.types import DraftedStep, Message, Segment, ToolSpec, Usage, Verdict
 from specagent.core.verify import render_steps
+from specagent.engines.likelihood_head import LikelihoodHead
 from specagent.engines.render import FULL, PromptProfile, render_prompt
 from specagent.engines.verdict_head import accepted_prefix, boundary_positions, step_message_indices
 
@@ -66,13 +67,27 @@ def step_entries(entries: Sequence[Sequence[float]], spans: Sequence[tuple[int, 
     return out
 
 
+def greedy_score(own: Sequence[Sequence[float]]) -> float:
+    """One step's score: 1.0 if every token is the top one, else the least probability among those that are not."""
+    off = [math.exp(logprob) for logprob, is_top in own if not is_top]
+    return min(off) if off else 1.0
+
+
 def step_scores(entries: Sequence[Sequence[float]], spans: Sequence[tuple[int, int]]) -> list[float]:
-    """Per step: 1.0 if every token is the top one, else the least probability among those that are not."""
-    scores = []
-    for own in step_entries(entries, spans):
-        off = [math.exp(logprob) for logprob, is_top in own if not is_top]
-        scores.append(min(off) if off else 1.0)
-    return scores
+    """`greedy_score` of every step."""
+    return [greedy_score(own) for own in step_entries(entries, spans)]
+
+
+def likelihood_request(engine: TokenScorer, messages: Sequence[Message], tools: Sequence[ToolSpec],
+                       step_indices: Sequence[int], adapter: str | None = None
+                       ) -> tuple[ScoreRequest, list[tuple[int, int]]]:
+    """The one prefill the likelihood verdict makes over drafted steps (each an assistant message
+    at ``step_indices`` of ``messages``, the context then the rendered steps), and each step's
+    span; `step_entries` of its scores over those spans are what a likelihood head is trained on."""
+    ids, spans = step_token_spans(engine.tokenizer, messages, tools, step_indices,
+                                  profile=engine.profile_for(adapter))
+    positions = [t - 1 for first, last in spans for t in range(first, last + 1)]  # read before each token
+    return ScoreRequest(ids, positions, adapter=adapter, own=True), spans
 
 
 def greedy_run(own: Sequence[Sequence[float]]) -> int:
@@ -113,14 +128,17 @@ class LikelihoodVerifier:
     """Verdicts from the strong model's own token probabilities: one prefill, zero decoded tokens."""
 
     def __init__(self, engine: TokenScorer, threshold: float | None = None, adapter: str | None = None,
-                 continue_repairs: bool = True) -> None:
+                 continue_repairs: bool = True, head: LikelihoodHead | None = None) -> None:
         """``continue_repairs``: the verdict names the first rejected step's opening that the
         strong model ranks first token by token (`Verdict.repair_from`), so the repair decodes
         only from where the draft left the strong model's greedy path; only valid when the
         repair runs on the weights that scored (the engine's base weights: ``adapter`` None), on
-        an engine that continues a message (`continues_messages`; not the openai backend)."""
+        an engine that continues a message (`continues_messages`; not the openai backend).
+        ``head``: a trained likelihood head scores each step from the same scored positions
+        (`likelihood_head.py`); the threshold is then its calibrated one unless given."""
         self.engine = engine
-        self.threshold = GREEDY if threshold is None else threshold
+        self.head = head
+        self.threshold = threshold if threshold is not None else head.threshold if head is not None else GREEDY
         self.adapter = adapter
         self.continue_repairs = (continue_repairs and adapter is None
                                  and getattr(engine, "continues_messages", False))
@@ -131,9 +149,9 @@ class LikelihoodVerifier:
     def prompt(self, context: Sequence[Message], tools: Sequence[ToolSpec],
                steps: Sequence[DraftedStep]) -> tuple[list[int], list[tuple[int, int]]]:
         """The verify prompt's token ids and, per step, the [first, last] positions it scores."""
-        messages = [*context, *render_steps(steps)]
-        return step_token_spans(self.engine.tokenizer, messages, tools, step_message_indices(len(context), steps),
-                                profile=self.engine.profile_for(self.adapter))
+        request, spans = likelihood_request(self.engine, [*context, *render_steps(steps)], tools,
+                                            step_message_indices(len(context), steps), self.adapter)
+        return list(request.token_ids), spans
 
     def scores(self, context: Sequence[Message], tools: Sequence[ToolSpec],
                steps: Sequence[DraftedStep]) -> tuple[list[float], Usage]:
@@ -157,7 +175,9 @@ class LikelihoodVerifier:
         positions = [t - 1 for first, last in [*spans, tail] for t in range(first, last + 1)]  # read before each token
         scored = self.engine.score([ScoreRequest(ids, positions, adapter=self.adapter, own=True)])[0]
         *per_step, unfinished = step_entries(scored.logprobs, [*spans, tail])
-        return _Prefill(step_scores(scored.logprobs, spans), scored.usage, spans, per_step, tail[0], unfinished,
+        scores = ([self.head.score(own) for own in per_step] if self.head is not None
+                  else step_scores(scored.logprobs, spans))
+        return _Prefill(scores, scored.usage, spans, per_step, tail[0], unfinished,
                         text, head)
 
     def verify(self, context: Sequence[Message], tools: Sequence[ToolSpec], segment: Segment
@@ -169,7 +189,7 @@ class LikelihoodVerifier:
             return Verdict(accepted=0, raw="(nothing to verify)"), []
         scored = self._score(context, tools, steps, partial)
         accepted = accepted_prefix(scored.scores, self.threshold)
-        raw = "likelihood " + " ".join(f"{s:.3f}" for s in scored.scores)
+        raw = ("likelihood head " if self.head is not None else "likelihood ") + " ".join(f"{s:.3f}" for s in scored.scores)
         opening = ""
         if self.continue_repairs and accepted < len(steps):
             run = greedy_run(scored.per_step[accepted])

@@ -23,6 +23,7 @@ from specagent.core.types import DraftedStep, Message
 from specagent.core.verify import GenerativeVerifier, render_steps
 from specagent.engines import EnginePool, build_engine
 from specagent.engines.batching import batching_engines
+from specagent.engines.likelihood_head import LikelihoodHead
 from specagent.engines.models import find_adapter
 from specagent.engines.scripted import ScriptedVerifier
 from specagent.engines.verdict_head import HeadSpec, HeadVerifier, head_adapter_dir
@@ -229,6 +230,12 @@ def plan_models(cfg: RuntimeSpec, modes: tuple[str, ...]) -> ModelPlan:
             configs["strong"] = with_adapter(configs["strong"], HEAD_ADAPTER, str(head))
     elif wants_verifier and cfg.verifier.kind == "likelihood":
         check_scoring(cfg.strong, "likelihood")
+        if cfg.verifier.head:
+            head = Path(cfg.verifier.head)
+            if cfg.verifier.threshold is None:  # its calibrated threshold
+                check_likelihood_head(LikelihoodHead.load(head), head)
+            else:
+                LikelihoodHead.load(head)
     elif wants_verifier:
         configs["strong"], verdict_adapter = resolve_adapter(configs["strong"], verdict_adapter, VERDICT_ADAPTER,
                                                              "verifier.adapter")
@@ -241,14 +248,24 @@ def check_models(cfg: RuntimeSpec, env: Environment, modes: tuple[str, ...], tas
     plan = plan_models(cfg, modes)
     scripted_policy(env, list(plan.configs.values()))
     if plan.head is not None:
-        check_calibration(plan.head, tasks)
+        check_calibration(plan.head, tasks, likelihood=cfg.verifier.kind == "likelihood")
     return plan
 
 
-def check_calibration(head: Path, tasks: Sequence[str]) -> None:
+def check_likelihood_head(head: LikelihoodHead, path: Path) -> None:
+    """A likelihood head degenerate at its calibrated threshold would verify nothing: refused there
+    (a threshold given explicitly, e.g. a sweep's, is the user's choice)."""
+    if head.degenerate:
+        raise ConfigError(f"verifier.head {path}: the likelihood head is degenerate at its threshold {head.threshold:g} "
+                          "(it accepts or rejects nearly every calibration step); retrain it on more, balanced drafts, or set "
+                          "verifier.threshold")
+
+
+def check_calibration(head: Path, tasks: Sequence[str], likelihood: bool = False) -> None:
     """A head's threshold is chosen on its calibration rows; measuring it on their tasks would
     grade the threshold on its own answers. ConfigError when the two overlap."""
-    shared = sorted(set(HeadSpec.load(head).calibration_tasks) & {str(t) for t in tasks})
+    calibrated_on = LikelihoodHead.load(head).calibration_tasks if likelihood else HeadSpec.load(head).calibration_tasks
+    shared = sorted(set(calibrated_on) & {str(t) for t in tasks})
     if shared:
         raise ConfigError(f"verifier.head {head}: calibrated on {len(shared)} of the tasks it would now run "
                           f"({', '.join(shared[:5])}{', ...' if len(shared) > 5 else ''}); calibrate on a split "
@@ -270,7 +287,9 @@ def build_verifier(cfg: RuntimeSpec, plan: ModelPlan, strong: Any, env: Environm
             if not isinstance(strong, TokenScorer):
                 raise ConfigError(f"verifier kind 'likelihood' needs a strong engine that scores prompt positions "
                                   f"({', '.join(SCORING_BACKENDS)}), not {cfg.strong.backend!r}")
-            return LikelihoodVerifier(strong, cfg.verifier.threshold, continue_repairs=cfg.verifier.continue_repairs)
+            head = LikelihoodHead.load(plan.head) if plan.head is not None else None
+            return LikelihoodVerifier(strong, cfg.verifier.threshold, continue_repairs=cfg.verifier.continue_repairs,
+                                      head=head)
         case "scripted":
             return expert_verifier(env)
     return GenerativeVerifier(strong, adapter=plan.verdict_adapter, max_tokens=cfg.verifier.max_tokens)

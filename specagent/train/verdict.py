@@ -11,6 +11,8 @@
   decoded. Being a plain causal-LM LoRA, the same engine that repairs serves it.
 - `kind: generative`: SFT (TRL) of a LoRA adapter on the verify prompt -> concise
   verdict (`prompt`/`completion`) pairs, the verdict the runtime parses.
+- `kind: likelihood`: no weights trained: a logistic model over the strong model's own token
+  probabilities of each drafted step (`specagent.train.likelihood_head`).
 
 Output under `output_dir`: checkpoints, `adapter/` (+ `verdict.json`: kind, threshold,
 tokens, base model), `metrics.json` (validation figures, `verdict_metrics.py`),
@@ -342,6 +344,11 @@ def evaluate_generative(cfg: VerdictTrainConfig, trainer: Any, validation: Any) 
 def train_verdict(cfg: VerdictTrainConfig, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Train (resuming if asked), evaluate on the validation split, save the adapter. Returns the metrics."""
     set_threads(cfg.train.threads)
+    if cfg.kind == "likelihood":  # no weights trained: a logistic fit over the strong model's likelihoods
+        from specagent.train.likelihood_head import train_likelihood_head
+
+        check_training(cfg, dataset_dirs=[cfg.dataset])
+        return train_likelihood_head(cfg)
     checkpoint = check_training(cfg, dataset_dirs=[cfg.dataset])
     build = head_trainer if cfg.kind == "head" else generative_trainer
     trainer, validation = build(cfg, model, tokenizer)

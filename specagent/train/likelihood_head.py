@@ -1,0 +1,166 @@
+"""`specagent train verdict` with ``kind: likelihood``: a verdict head over the strong model's own
+token probabilities (`engines/likelihood_head.py`), the strong model's weights untouched.
+
+1. Every labeled segment of the mined `verdict` dataset is scored by the strong model in one
+   prefill each, the prefill the runtime's likelihood verifier makes (`scored_steps`), and
+   each drafted step becomes its feature vector (`step_features`).
+2. A logistic model is fit on the training rows' steps.
+3. Its threshold is calibrated on rows of tasks the training never saw (``calibration``, a
+   second mined dir, e.g. the drafter's drafts on the strong model's runs of a calibration
+   split; else the dataset's validation split) for ``target_false_accept``; the same rows give
+   the figures at that threshold, at a sweep of thresholds, and of the untrained rule (the
+   likelihood verdict at 1.0: greedy steps only) beside it.
+4. A head that accepts or rejects nearly every calibration step is degenerate: the command
+   fails with its figures and saves no head, unless ``allow_degenerate`` (then it is saved,
+   flagged, and the runtime serves it only at a threshold given explicitly).
+
+Output under `output_dir`: `head/likelihood_head.json` (what `verifier: {kind: likelihood,
+head: <output_dir>}` loads), `metrics.json`, `features.jsonl` (per step: task, label, features,
+score; for inspection), `config.yaml`, `versions.json`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from specagent.config import TransformersEngineConfig, VerdictTrainConfig
+from specagent.core.errors import ConfigError, SpecAgentError
+from specagent.core.files import check_output_dir
+from specagent.engines.likelihood_head import FEATURES, LikelihoodHead, fit, step_features
+from specagent.engines.verdict_likelihood import GREEDY, greedy_score, likelihood_request, step_entries
+from specagent.records.segments import VerdictRow
+from specagent.runtime.provenance import write_run_info
+from specagent.train.common import load_splits
+from specagent.train.verdict_metrics import calibrate, head_metrics
+
+class DegenerateHead(SpecAgentError):
+    """The calibrated head accepts or rejects nearly every calibration step."""
+
+
+SWEEP = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+
+
+def score_rows(engine: Any, rows: Sequence[dict[str, Any]], max_length: int | None, what: str,
+               batch: int = 16) -> tuple[list[list[Sequence[Sequence[float]]]], list[list[int]], list[str]]:
+    """(per row the scored positions of each step, per row its step labels, per row its task), each
+    row scored by the prefill the runtime's likelihood verifier makes (`likelihood_request`),
+    ``batch`` rows per engine call; rows longer than ``max_length`` tokens are left out, counted."""
+    from tqdm.auto import tqdm
+
+    entries, labels, tasks, dropped = [], [], [], 0
+    with tqdm(total=len(rows), desc=f"scoring {what} rows", unit="row") as bar:
+        for start in range(0, len(rows), batch):
+            pending = []
+            for i in range(start, min(start + batch, len(rows))):
+                raw = rows[i]
+                row = VerdictRow.parse(raw, f"verdict row {raw.get('segment_id')}")
+                # the verify prompt without its review request: the likelihood prefill
+                request, spans = likelihood_request(engine, row.chat()[:-1], row.tool_specs(),
+                                                    row.step_message_indices)
+                if max_length is not None and len(request.token_ids) > max_length:
+                    dropped += 1
+                    continue
+                pending.append((request, spans, row))
+            for (_, spans, row), scored in zip(pending, engine.score([p[0] for p in pending]) if pending else []):
+                entries.append(step_entries(scored.logprobs, spans))
+                labels.append([int(y) for y in row.labels])
+                tasks.append(str(row.task_id))
+            bar.update(min(batch, len(rows) - start))
+    if dropped:
+        print(f"likelihood head: {dropped} of {len(rows)} {what} rows left out (longer than {max_length} tokens)")
+    return entries, labels, tasks
+
+
+def build_scorer(cfg: VerdictTrainConfig) -> Any:
+    from specagent.engines import build_engine
+
+    scorer = cfg.scorer or TransformersEngineConfig(model=cfg.model, gguf_file=cfg.gguf_file, dtype=cfg.dtype,
+                                                    max_model_len=cfg.max_length or 8192, threads=cfg.train.threads)
+    return build_engine(scorer)
+
+
+def calibration_rows(cfg: VerdictTrainConfig) -> tuple[Any, str]:
+    """The rows that choose the threshold, and where they came from."""
+    if cfg.calibration:
+        from datasets import concatenate_datasets, load_from_disk
+
+        try:
+            data = load_from_disk(cfg.calibration)
+        except FileNotFoundError:
+            raise ConfigError(f"calibration: no dataset at {cfg.calibration} (a `specagent mine` output's "
+                              "`verdict/` dir)") from None
+        return concatenate_datasets([data[split] for split in data]), cfg.calibration
+    _, validation = load_splits(cfg.dataset, None)
+    if validation is None or len(validation) == 0:
+        raise ConfigError(f"dataset: {cfg.dataset} has no validation split and no `calibration` dir is set: a "
+                          "likelihood head's threshold must be chosen on rows it was not fit on")
+    return validation, f"{cfg.dataset} (validation)"
+
+
+def train_likelihood_head(cfg: VerdictTrainConfig, engine: Any = None) -> dict[str, Any]:
+    check_output_dir(cfg.output_dir, "output_dir")
+    train, _ = load_splits(cfg.dataset, cfg.limit)
+    calibration, source = calibration_rows(cfg)
+    shared = sorted({str(t) for t in train["task_id"]} & {str(t) for t in calibration["task_id"]})
+    if shared:
+        raise ConfigError(f"calibration: {len(shared)} of its tasks are training tasks ({', '.join(shared[:5])}): "
+                          "calibrate on tasks the head was not fit on")
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_run_info(cfg.output_dir, cfg)
+    owned = engine is None
+    engine = build_scorer(cfg) if owned else engine
+    try:
+        train_entries, train_labels, train_tasks = score_rows(engine, train, cfg.max_length, "training")
+        cal_entries, cal_labels, cal_tasks = score_rows(engine, calibration, cfg.max_length, "calibration")
+    finally:
+        if owned:
+            getattr(engine, "close", lambda: None)()
+    if not train_entries or not cal_entries:
+        raise ConfigError(f"no usable rows: {len(train_entries)} training, {len(cal_entries)} calibration "
+                          f"(max_length={cfg.max_length})")
+    features = [step_features(own) for steps in train_entries for own in steps]
+    flat_labels = [y for labels in train_labels for y in labels]
+    weights, bias, mean, scale = fit(features, flat_labels, l2=cfg.l2)
+    base_model = cfg.scorer.model if cfg.scorer is not None else cfg.model
+    unfit = LikelihoodHead(weights=weights, bias=bias, mean=mean, scale=scale, base_model=base_model)
+    cal_scores = [[unfit.score(own) for own in steps] for steps in cal_entries]
+    threshold = calibrate(cal_scores, cal_labels, cfg.target_false_accept)
+    calibrated = head_metrics(cal_scores, cal_labels, threshold)
+    head = LikelihoodHead(weights=weights, bias=bias, mean=mean, scale=scale, threshold=threshold,
+                          base_model=base_model, calibration_tasks=tuple(sorted(set(cal_tasks))),
+                          degenerate=bool(calibrated["degenerate"]), target_false_accept=cfg.target_false_accept)
+    greedy = [[greedy_score(own) for own in steps] for steps in cal_entries]
+    train_scores = [[unfit.score(own) for own in steps] for steps in train_entries]
+    metrics = {
+        "kind": "likelihood", "features": list(FEATURES), "weights": list(weights), "bias": bias,
+        "threshold": threshold, "target_false_accept": cfg.target_false_accept, "calibration_source": source,
+        "calibration_tasks": sorted(set(cal_tasks)), "training_tasks": len(set(train_tasks)),
+        "training_segments": len(train_entries), "training_steps": len(flat_labels),
+        "training_valid_share": sum(flat_labels) / len(flat_labels),
+        "calibrated": calibrated, "degenerate": calibrated["degenerate"],
+        "on_training_rows": head_metrics(train_scores, train_labels, threshold),
+        "greedy_rule": head_metrics(greedy, cal_labels, GREEDY),
+        "sweep": [head_metrics(cal_scores, cal_labels, t) for t in SWEEP],
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    with open(out / "features.jsonl", "w") as f:
+        for task, steps, labels, scores in zip(cal_tasks, cal_entries, cal_labels, cal_scores):
+            for own, label, score in zip(steps, labels, scores):
+                f.write(json.dumps({"split": "calibration", "task_id": task, "label": label, "score": score,
+                                    "features": step_features(own)}) + "\n")
+    print(f"likelihood head: {out / 'head'}   metrics: {out / 'metrics.json'}   ({len(flat_labels)} training steps)")
+    print("calibration (" + source + "): " + "  ".join(
+        f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in calibrated.items()))
+    print("greedy rule on the same rows: " + "  ".join(
+        f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics["greedy_rule"].items()))
+    if not head.degenerate or cfg.allow_degenerate:
+        head.save(out / "head")  # what the pipeline's stage and the runtime look for
+        return metrics
+    raise DegenerateHead(
+            f"the likelihood head is degenerate at its threshold {threshold:g} (accept rate "
+            f"{calibrated['accept_rate']}, false-reject {calibrated['false_reject_rate']} on its calibration rows): "
+            "it would accept or reject nearly every step. Mine more, balanced drafts (or set allow_degenerate: "
+            "true to keep it)")
