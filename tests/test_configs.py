@@ -35,6 +35,7 @@ EVAL_CONFIGS = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
 QUICKSTART = ROOT / "configs" / "quickstart" / "pipeline.yaml"
 FULL = ROOT / "configs" / "quickstart" / "full.yaml"
 MULTI_TURN = ROOT / "configs" / "quickstart" / "multi_turn.yaml"
+HEAD = ROOT / "configs" / "quickstart" / "head.yaml"
 QUICKSTART_STAGES = sorted((ROOT / "configs" / "quickstart").glob("*.yaml"))
 
 
@@ -81,7 +82,7 @@ def test_quickstart_pipeline_and_every_stage_config_validate():
 
     stages = load_config(PipelineConfig, QUICKSTART).stages
     plans = [stage_plan(stage, QUICKSTART.parent) for stage in stages]  # loads each stage's config
-    used = {QUICKSTART.parent / s.config for s in stages if s.config} | {QUICKSTART, FULL, MULTI_TURN}
+    used = {QUICKSTART.parent / s.config for s in stages if s.config} | {QUICKSTART, FULL, MULTI_TURN, HEAD}
     assert used == set(QUICKSTART_STAGES)
     assert [argv[0] for argv, _, _ in plans] == ["collect", "train", "export", "train", "export", "eval"]
 
@@ -144,6 +145,34 @@ def test_the_multi_turn_recipe_trains_s_and_its_drafter_on_both_collected_user_m
     latency = load_config(EvalConfig, MULTI_TURN.parent / stages[11].config)
     assert latency.concurrency == 1 and latency.env.split == "eval"
     assert (latency.strong.model, latency.weak.model) == (drafter.model, f"{stages[10].to}/model")
+
+
+def test_the_head_recipe_fits_on_training_drafts_calibrates_on_calibration_drafts_and_evaluates_on_eval():
+    """configs/quickstart/head.yaml: the quickstart's stages, S's runs of training and calibration
+    tasks, the quickstart drafter's drafts mined at both, the likelihood head fit on the first and
+    calibrated on the second only, and the eval of held-out tasks with S and that drafter."""
+    from specagent.config import MineConfig, VerdictTrainConfig
+    from specagent.quickstart import PipelineConfig, stage_plan
+
+    quick, stages = load_config(PipelineConfig, QUICKSTART).stages, load_config(PipelineConfig, HEAD).stages
+    assert stages[: len(quick)] == quick
+    rest = stages[len(quick):]
+    plans = [stage_plan(stage, HEAD.parent) for stage in rest]  # each stage's config validates
+    assert [argv[0] for argv, _, _ in plans] == ["collect", "collect", "mine", "mine", "train", "eval"]
+    collected = [load_config(CollectConfig, HEAD.parent / s.config) for s in rest[:2]]
+    mined = [load_config(MineConfig, HEAD.parent / s.config) for s in rest[2:4]]
+    head = load_config(VerdictTrainConfig, HEAD.parent / rest[4].config)
+    evaluated = load_config(EvalConfig, HEAD.parent / rest[5].config)
+    assert [c.env.split for c in collected] == ["train", "calibration"] and evaluated.env.split == "eval"
+    assert [m.trajectories for m in mined] == [c.output for c in collected]
+    assert [m.env.split for m in mined] == ["train", "calibration"]
+    assert mined[0].drafter.model == mined[1].drafter.model == evaluated.weak.model
+    assert head.kind == "likelihood" and head.dataset == f"{mined[0].output_dir}/verdict"
+    assert head.calibration == f"{mined[1].output_dir}/verdict"
+    assert head.scorer.model == evaluated.strong.model == collected[0].strong.model
+    heads = {a.verifier.head for a in evaluated.arms if a.verifier is not None and a.verifier.head}
+    assert heads == {head.output_dir}
+    assert plans[4][1] == Path(head.output_dir) / "head" / "likelihood_head.json"  # what marks the stage done
 
 
 def test_every_config_file_is_covered():
