@@ -148,10 +148,9 @@ def test_the_multi_turn_recipe_trains_s_and_its_drafter_on_both_collected_user_m
 
 
 def test_the_head_recipe_fits_on_training_drafts_calibrates_on_calibration_drafts_and_evaluates_on_eval():
-    """configs/quickstart/head.yaml: the quickstart's stages, S's runs of training tasks, the drafter
-    distilled from them, S's runs of calibration tasks, that drafter's drafts mined at both, the
-    likelihood head fit on the first and calibrated on the second only, and the eval of held-out
-    tasks with S and that drafter."""
+    """configs/quickstart/head.yaml: the quickstart's stages, S's runs of training and calibration
+    tasks, the quickstart drafter's drafts mined at both, the likelihood head fit on the first and
+    calibrated on the second only, and the eval of held-out tasks with S and that drafter."""
     from specagent.config import MineConfig, VerdictTrainConfig
     from specagent.quickstart import PipelineConfig, stage_plan
 
@@ -159,24 +158,21 @@ def test_the_head_recipe_fits_on_training_drafts_calibrates_on_calibration_draft
     assert stages[: len(quick)] == quick
     rest = stages[len(quick):]
     plans = [stage_plan(stage, HEAD.parent) for stage in rest]  # each stage's config validates
-    assert [argv[0] for argv, _, _ in plans] == ["collect", "train", "export", "collect", "mine", "mine", "train",
-                                                 "eval"]
-    collected = [load_config(CollectConfig, HEAD.parent / rest[i].config) for i in (0, 3)]
-    distilled = load_config(DrafterTrainConfig, HEAD.parent / rest[1].config)
-    assert distilled.dataset == collected[0].output and rest[2].from_ == distilled.output_dir
-    mined = [load_config(MineConfig, HEAD.parent / s.config) for s in rest[4:6]]
-    head = load_config(VerdictTrainConfig, HEAD.parent / rest[6].config)
-    evaluated = load_config(EvalConfig, HEAD.parent / rest[7].config)
+    assert [argv[0] for argv, _, _ in plans] == ["collect", "collect", "mine", "mine", "train", "eval"]
+    collected = [load_config(CollectConfig, HEAD.parent / s.config) for s in rest[:2]]
+    mined = [load_config(MineConfig, HEAD.parent / s.config) for s in rest[2:4]]
+    head = load_config(VerdictTrainConfig, HEAD.parent / rest[4].config)
+    evaluated = load_config(EvalConfig, HEAD.parent / rest[5].config)
     assert [c.env.split for c in collected] == ["train", "calibration"] and evaluated.env.split == "eval"
     assert [m.trajectories for m in mined] == [c.output for c in collected]
     assert [m.env.split for m in mined] == ["train", "calibration"]
-    assert mined[0].drafter.model == mined[1].drafter.model == evaluated.weak.model == f"{rest[2].to}/model"
+    assert mined[0].drafter.model == mined[1].drafter.model == evaluated.weak.model == f"{quick[4].to}/model"
     assert head.kind == "likelihood" and head.dataset == f"{mined[0].output_dir}/verdict"
     assert head.calibration == f"{mined[1].output_dir}/verdict"
     assert head.scorer.model == evaluated.strong.model == collected[0].strong.model
     heads = {a.verifier.head for a in evaluated.arms if a.verifier is not None and a.verifier.head}
     assert heads == {head.output_dir}
-    assert plans[6][1] == Path(head.output_dir) / "head" / "likelihood_head.json"  # what marks the stage done
+    assert plans[4][1] == Path(head.output_dir) / "head" / "likelihood_head.json"  # what marks the stage done
 
 
 def test_every_config_file_is_covered():
