@@ -2,7 +2,7 @@
 token probabilities (`engines/likelihood_head.py`), the strong model's weights untouched.
 
 1. Every labeled segment of the mined `verdict` dataset is scored by the strong model in one
-   prefill each, the prefill the runtime's likelihood verifier makes (`scored_steps`), and
+   prefill each, the prefill the runtime's likelihood verifier makes (`likelihood_request`), and
    each drafted step becomes its feature vector (`step_features`).
 2. A logistic model is fit on the training rows' steps.
 3. Its threshold is calibrated on rows of tasks the training never saw (``calibration``, a
@@ -22,6 +22,7 @@ score; for inspection), `config.yaml`, `versions.json`.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -34,6 +35,7 @@ from specagent.records.segments import VerdictRow
 from specagent.runtime.provenance import write_run_info
 from specagent.train.common import load_splits
 from specagent.train.verdict_metrics import calibrate, head_metrics
+
 
 class DegenerateHead(SpecAgentError):
     """The calibrated head accepts or rejects nearly every calibration step."""
@@ -129,9 +131,8 @@ def train_likelihood_head(cfg: VerdictTrainConfig, engine: Any = None) -> dict[s
     cal_scores = [[unfit.score(own) for own in steps] for steps in cal_entries]
     threshold = calibrate(cal_scores, cal_labels, cfg.target_false_accept)
     calibrated = head_metrics(cal_scores, cal_labels, threshold)
-    head = LikelihoodHead(weights=weights, bias=bias, mean=mean, scale=scale, threshold=threshold,
-                          base_model=base_model, calibration_tasks=tuple(sorted(set(cal_tasks))),
-                          degenerate=bool(calibrated["degenerate"]), target_false_accept=cfg.target_false_accept)
+    head = replace(unfit, threshold=threshold, calibration_tasks=tuple(sorted(set(cal_tasks))),
+                   degenerate=bool(calibrated["degenerate"]), target_false_accept=cfg.target_false_accept)
     greedy = [[greedy_score(own) for own in steps] for steps in cal_entries]
     train_scores = [[unfit.score(own) for own in steps] for steps in train_entries]
     metrics = {
