@@ -105,7 +105,28 @@ class LikelihoodHead:
                               f"this specagent reads {list(FEATURES)}: retrain it")
         data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in cls.__dataclass_fields__}
         data["calibration_tasks"] = tuple(str(t) for t in data.get("calibration_tasks", ()))
+        check_numbers(data, path)
         return cls(**data)
+
+
+def check_numbers(data: dict, path: Path) -> None:
+    """A head file's numbers are what `fit` and calibration write: one finite weight, mean and
+    positive scale per feature, a finite bias, a threshold in (0, 1]. A NaN threshold compares
+    False with every score and would otherwise be refused only by `accepted_prefix`'s care."""
+    def real(x: object) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    for name in ("weights", "mean", "scale"):
+        values = data.get(name)
+        if not isinstance(values, tuple) or len(values) != len(FEATURES) or not all(map(real, values)):
+            raise ConfigError(f"{path}: `{name}` must be {len(FEATURES)} finite numbers, one per feature")
+    if not all(s > 0 for s in data["scale"]):
+        raise ConfigError(f"{path}: every `scale` must be > 0")
+    if not real(data.get("bias")):
+        raise ConfigError(f"{path}: `bias` must be a finite number")
+    threshold = data.get("threshold", 0.5)
+    if not real(threshold) or not 0.0 < threshold <= 1.0:
+        raise ConfigError(f"{path}: `threshold` {threshold!r} must lie in (0, 1]")
 
 
 def fit(features: Sequence[Sequence[float]], labels: Sequence[int], l2: float = 1e-3,

@@ -75,10 +75,13 @@ class HeadSpec:
 
 
 def accepted_prefix(scores: Sequence[float], threshold: float) -> int:
-    """The verdict of a head: the longest prefix whose every step scores >= threshold."""
+    """The verdict of a head: the longest prefix whose every step scores >= threshold.
+
+    Written so that anything that is not a comparable number rejects: a NaN score or a NaN
+    threshold compares False, so ``not score >= threshold`` ends the prefix there."""
     n = 0
     for score in scores:
-        if score < threshold:
+        if not score >= threshold:
             break
         n += 1
     return n

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from specagent.core.errors import EngineError
 from specagent.core.interfaces import ScoreRequest, TokenScorer
 from specagent.core.types import DraftedStep, Message, Segment, ToolSpec, Usage, Verdict
 from specagent.core.verify import render_steps
@@ -64,6 +65,30 @@ def step_entries(entries: Sequence[Sequence[float]], spans: Sequence[tuple[int, 
     for first, last in spans:
         out.append(entries[i: i + last - first + 1])
         i += last - first + 1
+    return out
+
+
+def checked_entries(entries: Any, positions: int) -> list[tuple[float, bool]]:
+    """An engine's own-token entries as (log-probability, is the greedy choice) pairs, after
+    checking they are what a scorer reports: exactly one per scored position, each a real
+    log-probability (<= 0, or -inf) and a flag that is 0 or 1. Anything else raises: the
+    runtime counts it as an invalid verdict and rejects every drafted step; a truncated or
+    garbled report must not read as "no off-greedy token" and approve a held write."""
+    if not isinstance(entries, Sequence) or len(entries) != positions:
+        got = len(entries) if isinstance(entries, Sequence) else type(entries).__name__
+        raise EngineError(f"likelihood verdict: the engine scored {got} positions, {positions} were asked")
+    out = []
+    for entry in entries:
+        if not isinstance(entry, Sequence) or isinstance(entry, (str, bytes)) or len(entry) != 2:
+            raise EngineError(f"likelihood verdict: a scored position is {entry!r}, not [logprob, is_top]")
+        logprob, top = entry
+        if isinstance(logprob, bool) or not isinstance(logprob, (int, float)) or not logprob <= 0.0:
+            raise EngineError(f"likelihood verdict: {logprob!r} is not a log-probability")
+        if isinstance(top, bool):
+            top = float(top)
+        if not isinstance(top, (int, float)) or top not in (0.0, 1.0):
+            raise EngineError(f"likelihood verdict: is_top {top!r} is neither 0 nor 1")
+        out.append((float(logprob), bool(top)))
     return out
 
 
@@ -174,9 +199,10 @@ class LikelihoodVerifier:
                 ids, tail = with_partial, (first, len(with_partial) - 1)
         positions = [t - 1 for first, last in [*spans, tail] for t in range(first, last + 1)]  # read before each token
         scored = self.engine.score([ScoreRequest(ids, positions, adapter=self.adapter, own=True)])[0]
-        *per_step, unfinished = step_entries(scored.logprobs, [*spans, tail])
+        entries = checked_entries(scored.logprobs, len(positions))
+        *per_step, unfinished = step_entries(entries, [*spans, tail])
         scores = ([self.head.score(own) for own in per_step] if self.head is not None
-                  else step_scores(scored.logprobs, spans))
+                  else step_scores(entries, spans))
         return _Prefill(scores, scored.usage, spans, per_step, tail[0], unfinished,
                         text, head)
 

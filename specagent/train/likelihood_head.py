@@ -30,7 +30,8 @@ from specagent.config import TransformersEngineConfig, VerdictTrainConfig
 from specagent.core.errors import ConfigError, SpecAgentError
 from specagent.core.files import check_output_dir
 from specagent.engines.likelihood_head import FEATURES, LikelihoodHead, fit, step_features
-from specagent.engines.verdict_likelihood import GREEDY, greedy_score, likelihood_request, step_entries
+from specagent.engines.verdict_likelihood import (GREEDY, checked_entries, greedy_score, likelihood_request,
+                                                  step_entries)
 from specagent.records.segments import VerdictRow
 from specagent.runtime.provenance import write_run_info
 from specagent.train.common import load_splits
@@ -65,8 +66,8 @@ def score_rows(engine: Any, rows: Sequence[dict[str, Any]], max_length: int | No
                     dropped += 1
                     continue
                 pending.append((request, spans, row))
-            for (_, spans, row), scored in zip(pending, engine.score([p[0] for p in pending]) if pending else []):
-                entries.append(step_entries(scored.logprobs, spans))
+            for (request, spans, row), scored in zip(pending, engine.score([p[0] for p in pending]) if pending else []):
+                entries.append(step_entries(checked_entries(scored.logprobs, len(request.positions)), spans))
                 labels.append([int(y) for y in row.labels])
                 tasks.append(str(row.task_id))
             bar.update(min(batch, len(rows) - start))
