@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from specagent.core.errors import ConfigError
+from specagent.core.errors import ConfigError, EngineError
 from specagent.core.interfaces import ScoreRequest, TokenScorer
 from specagent.core.types import DraftedStep, Message, Segment, ToolSpec, Usage, Verdict
 from specagent.core.verify import verify_messages
@@ -119,6 +119,12 @@ def boundary_positions(tokenizer: Any, messages: Sequence[Message], tools: Seque
     return ids, positions
 
 
+def trusted(entry: Any) -> bool:
+    """A boundary's report is two log-probabilities (each <= 0 or -inf), yes then no."""
+    return (isinstance(entry, Sequence) and not isinstance(entry, str) and len(entry) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x <= 0.0 for x in entry))
+
+
 def probability(logprob_yes: float, logprob_no: float) -> float:
     """sigmoid(logit[yes] - logit[no]); the softmax normaliser cancels in the difference."""
     return 1.0 / (1.0 + math.exp(logprob_no - logprob_yes))
@@ -145,6 +151,10 @@ class HeadVerifier:
         ids, positions = boundary_positions(self.engine.tokenizer, messages, tools,
                                             step_message_indices(len(context), steps), self.spec.boundary, profile)
         scores = self.engine.score([ScoreRequest(ids, positions, self.candidates, self.adapter)])[0]
+        if len(scores.logprobs) != len(positions) or not all(trusted(entry) for entry in scores.logprobs):
+            # an invalid verdict (everything rejected), never a verdict on steps nobody scored
+            raise EngineError(f"verdict head: the engine's report of {len(positions)} boundaries is not "
+                              f"[logprob yes, logprob no] per boundary: {scores.logprobs!r:.200}")
         return [probability(y, n) for y, n in scores.logprobs], scores.usage, scores.estimated
 
     def verify(self, context: Sequence[Message], tools: Sequence[ToolSpec], segment: Segment

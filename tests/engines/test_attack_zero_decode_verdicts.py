@@ -1,4 +1,4 @@
-"""Attacks on the likelihood verdict's inputs: whatever the strong engine reports for the drafted
+"""Attacks on the zero-decode verdicts' inputs (the likelihood verdict, its head, a LoRA verdict head): whatever the strong engine reports for the drafted
 steps' tokens, and whatever (finite) head scores them, a held write runs only when the report is
 well formed and every drafted step scores at least the threshold.
 
@@ -22,6 +22,7 @@ from specagent.core.types import Message, ToolCall, Usage
 from specagent.engines.likelihood_head import FEATURES, LikelihoodHead
 from specagent.engines.render import FULL
 from specagent.engines.scripted import ScriptedEngine
+from specagent.engines.verdict_head import HeadSpec, HeadVerifier, probability
 from specagent.engines.verdict_likelihood import LikelihoodVerifier
 from tests.core.toy import ToyEnv
 
@@ -41,6 +42,8 @@ FLAGS = st.one_of(st.sampled_from([0, 1, 0.0, 1.0, True, False]), st.floats(allo
 GOOD = st.tuples(st.floats(min_value=-40.0, max_value=0.0), st.sampled_from([0.0, 1.0])).map(list)
 ENTRY = st.one_of(GOOD, GOOD, st.tuples(LOGPROBS, FLAGS).map(list), st.tuples(LOGPROBS).map(list),
                   st.text(max_size=3), st.none(), st.tuples(LOGPROBS, FLAGS, FLAGS).map(list))
+PAIR = st.one_of(st.tuples(st.floats(-40.0, 0.0), st.floats(-40.0, 0.0)).map(list),
+                 st.tuples(LOGPROBS, LOGPROBS).map(list), st.tuples(LOGPROBS).map(list), st.none(), st.text(max_size=2))
 HEADS = st.builds(
     LikelihoodHead,
     weights=st.tuples(*[st.floats(-50, 50)] * len(FEATURES)), bias=st.floats(-50, 50),
@@ -73,8 +76,8 @@ class Reports:
     model_name = "strong"
     continues_messages = False
 
-    def __init__(self, tokenizer, data) -> None:
-        self.tokenizer, self.data, self.calls = tokenizer, data, []
+    def __init__(self, tokenizer, data, entry) -> None:
+        self.tokenizer, self.data, self.entry, self.calls = tokenizer, data, entry, []
 
     def profile_for(self, adapter):
         return FULL
@@ -84,12 +87,16 @@ class Reports:
         n = len(request.positions)
         exact = self.data.draw(st.booleans())
         size = n if exact else self.data.draw(st.integers(0, n + 3))
-        entries = self.data.draw(st.lists(ENTRY, min_size=size, max_size=size))
+        entries = self.data.draw(st.lists(self.entry, min_size=size, max_size=size))
         self.calls.append((runs(request.positions), entries))
         return [Scores(logprobs=entries, usage=Usage(prompt_tokens=len(request.token_ids)))]
 
 
 def approves(verifier, groups, entries) -> bool:
+    if isinstance(verifier, HeadVerifier):  # one [yes, no] pair per step's closing token
+        if len(entries) != len(groups) or not all(map(pair, entries)):
+            return False
+        return all(probability(*e) >= verifier.threshold for e in entries)
     """Whether a report should approve every drafted step: well formed, and each step at threshold."""
     if len(entries) != sum(map(len, groups)) or not all(map(well_formed, entries)):
         return False
@@ -111,23 +118,33 @@ def tokenizer(smollm2_dir):
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
-def attack(tokenizer, data, head):
+def pair(entry) -> bool:
+    return (isinstance(entry, list) and len(entry) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x <= 0.0 for x in entry))
+
+
+def attack(tokenizer, data, head, verdict_head=None):
     env = ToyEnv()
-    reports = Reports(tokenizer, data)
-    verifier = LikelihoodVerifier(reports, head=head)
+    reports = Reports(tokenizer, data, PAIR if verdict_head else ENTRY)
+    verifier = (HeadVerifier(reports, verdict_head, threshold=data.draw(st.floats(0.01, 1.0))) if verdict_head
+                else LikelihoodVerifier(reports, head=head))
     strong = ScriptedEngine(lambda m, t: Message("assistant", content="done"), "strong")
     models = Models(strong, ScriptedEngine(weak, "weak"), verifier)
     ep = run_episode(env, "t0", "specagent", models, ProtocolConfig(max_draft_steps=4, max_steps=2))
-    assert reports.calls, "the verifier never asked the engine"
-    groups, entries = reports.calls[0]
-    assert len(groups) == K  # the lookup and the held write, each a run of positions
-    first = [s.status.value for s in ep.steps if s.round == 0]
-    approved = approves(verifier, groups, entries)
-    assert bool(env.write_log) == approved
-    assert ("held_approved" in first) == approved
-    assert first.count("repaired") == (0 if approved else 1)  # never both
-    malformed = len(entries) != sum(map(len, groups)) or not all(map(well_formed, entries))
-    assert ep.verdicts[0].startswith("(invalid verdict") == malformed
+    assert reports.calls and len(reports.calls) == len(ep.verdicts)  # one report per round's verdict
+    approved_rounds = 0
+    for r, (groups, entries) in enumerate(reports.calls):
+        # every draft ends on the held write: round 0 a lookup and the write, later rounds the write
+        assert len(groups) == (K if r == 0 else 1)
+        statuses = [s.status.value for s in ep.steps if s.round == r]
+        approved = approves(verifier, groups, entries)
+        assert ("held_approved" in statuses) == approved
+        assert statuses.count("repaired") == (0 if approved else 1)  # never both
+        malformed = (len(entries) != len(groups) or not all(map(pair, entries)) if verdict_head else
+                     len(entries) != sum(map(len, groups)) or not all(map(well_formed, entries)))
+        assert ep.verdicts[r].startswith("(invalid verdict") == malformed
+        approved_rounds += approved
+    assert len(env.write_log) == approved_rounds  # no write outside an approved round
     assert ep.stop_reason
 
 
@@ -141,6 +158,22 @@ def test_a_head_approves_a_write_only_on_a_well_formed_report_that_clears_its_th
 @given(data=st.data())
 def test_the_greedy_rule_approves_a_write_only_on_a_well_formed_report_of_greedy_tokens(tokenizer, data):
     attack(tokenizer, data, None)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_lora_verdict_head_approves_a_write_only_on_a_well_formed_report_that_clears_its_threshold(
+        tokenizer, data, lora_head_dir):
+    attack(tokenizer, data, None, lora_head_dir)
+
+
+@pytest.fixture(scope="module")
+def lora_head_dir(tmp_path_factory):
+    """A verdict head's dir as the verifier reads it (its spec; the adapter is never loaded here)."""
+    path = tmp_path_factory.mktemp("verdict-head")
+    HeadSpec().save(path)
+    (path / "adapter_config.json").write_text("{}")
+    return path
 
 
 @pytest.mark.parametrize("field, value", [("threshold", float("nan")), ("threshold", 0.0), ("threshold", 1.5),
