@@ -201,13 +201,16 @@ def check_scoring(strong: Any, kind: str) -> None:
 @dataclass(frozen=True)
 class ModelPlan:
     """What `build_models` builds, settled without building anything: the engine config per
-    role (adapters given by path registered), the adapter names requests use, the head dir."""
+    role (adapters given by path registered), the adapter names requests use, the head dir and,
+    read once from its file, the tasks its threshold was calibrated on (and a likelihood head)."""
 
     configs: dict[str, Any]
     weak_adapter: str | None
     verdict_adapter: str | None
     head: Path | None
     wants_verifier: bool
+    calibration_tasks: tuple[str, ...] = ()
+    likelihood_head: LikelihoodHead | None = None
 
 
 def plan_models(cfg: RuntimeSpec, modes: tuple[str, ...]) -> ModelPlan:
@@ -216,6 +219,7 @@ def plan_models(cfg: RuntimeSpec, modes: tuple[str, ...]) -> ModelPlan:
     roles = sorted({role for mode in modes for role in needed_roles(mode)})
     configs = {r: getattr(cfg, r) for r in roles}
     weak_adapter, verdict_adapter, head = cfg.drafter_adapter, cfg.verifier.adapter, None
+    calibrated_on, likelihood_head = (), None
     if "weak" in configs:
         configs["weak"], weak_adapter = resolve_adapter(configs["weak"], weak_adapter, DRAFTER_ADAPTER, "drafter_adapter")
     wants_verifier = "strong" in configs and "specagent" in modes
@@ -225,6 +229,7 @@ def plan_models(cfg: RuntimeSpec, modes: tuple[str, ...]) -> ModelPlan:
                           "unsure (the server decodes the whole step); draft on transformers or vllm, or set it to 0")
     if wants_verifier and cfg.verifier.kind == "head":
         head = head_adapter_dir(cfg.verifier.head)
+        calibrated_on = HeadSpec.load(head).calibration_tasks
         check_scoring(cfg.strong, "head")
         if not cfg.verifier.merged:  # else the strong model's own weights are the head
             configs["strong"] = with_adapter(configs["strong"], HEAD_ADAPTER, str(head))
@@ -232,14 +237,15 @@ def plan_models(cfg: RuntimeSpec, modes: tuple[str, ...]) -> ModelPlan:
         check_scoring(cfg.strong, "likelihood")
         if cfg.verifier.head:
             head = Path(cfg.verifier.head)
+            likelihood_head = LikelihoodHead.load(head)
+            calibrated_on = likelihood_head.calibration_tasks
             if cfg.verifier.threshold is None:  # its calibrated threshold
-                check_likelihood_head(LikelihoodHead.load(head), head)
-            else:
-                LikelihoodHead.load(head)
+                check_likelihood_head(likelihood_head, head)
     elif wants_verifier:
         configs["strong"], verdict_adapter = resolve_adapter(configs["strong"], verdict_adapter, VERDICT_ADAPTER,
                                                              "verifier.adapter")
-    return ModelPlan(configs, weak_adapter, verdict_adapter, head, wants_verifier)
+    return ModelPlan(configs, weak_adapter, verdict_adapter, head, wants_verifier, tuple(calibrated_on),
+                     likelihood_head)
 
 
 def check_models(cfg: RuntimeSpec, env: Environment, modes: tuple[str, ...], tasks: Sequence[str] = ()) -> ModelPlan:
@@ -248,7 +254,7 @@ def check_models(cfg: RuntimeSpec, env: Environment, modes: tuple[str, ...], tas
     plan = plan_models(cfg, modes)
     scripted_policy(env, list(plan.configs.values()))
     if plan.head is not None:
-        check_calibration(plan.head, tasks, likelihood=cfg.verifier.kind == "likelihood")
+        check_calibration(plan.head, plan.calibration_tasks, tasks)
     return plan
 
 
@@ -261,10 +267,10 @@ def check_likelihood_head(head: LikelihoodHead, path: Path) -> None:
                           "verifier.threshold")
 
 
-def check_calibration(head: Path, tasks: Sequence[str], likelihood: bool = False) -> None:
-    """A head's threshold is chosen on its calibration rows; measuring it on their tasks would
-    grade the threshold on its own answers. ConfigError when the two overlap."""
-    calibrated_on = LikelihoodHead.load(head).calibration_tasks if likelihood else HeadSpec.load(head).calibration_tasks
+def check_calibration(head: Path, calibrated_on: Sequence[str], tasks: Sequence[str]) -> None:
+    """A head's threshold is chosen on its calibration rows (the tasks ``calibrated_on``);
+    measuring it on their tasks would grade the threshold on its own answers. ConfigError when
+    the two overlap."""
     shared = sorted(set(calibrated_on) & {str(t) for t in tasks})
     if shared:
         raise ConfigError(f"verifier.head {head}: calibrated on {len(shared)} of the tasks it would now run "
@@ -287,9 +293,8 @@ def build_verifier(cfg: RuntimeSpec, plan: ModelPlan, strong: Any, env: Environm
             if not isinstance(strong, TokenScorer):
                 raise ConfigError(f"verifier kind 'likelihood' needs a strong engine that scores prompt positions "
                                   f"({', '.join(SCORING_BACKENDS)}), not {cfg.strong.backend!r}")
-            head = LikelihoodHead.load(plan.head) if plan.head is not None else None
             return LikelihoodVerifier(strong, cfg.verifier.threshold, continue_repairs=cfg.verifier.continue_repairs,
-                                      head=head)
+                                      head=plan.likelihood_head)
         case "scripted":
             return expert_verifier(env)
     return GenerativeVerifier(strong, adapter=plan.verdict_adapter, max_tokens=cfg.verifier.max_tokens)

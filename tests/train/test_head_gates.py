@@ -32,9 +32,10 @@ def fake_head(root: Path, calibration_tasks=(), degenerate=False) -> Path:
 def test_calibration_tasks_are_saved_and_refused_at_eval_time(tmp_path):
     head = fake_head(tmp_path / "head", calibration_tasks=["lookup_01", "calib-0001"])
     assert HeadSpec.load(head / "adapter").calibration_tasks == ("lookup_01", "calib-0001")
-    check_calibration(head / "adapter", ["single_write_01"])  # disjoint: fine
+    calibrated_on = HeadSpec.load(head / "adapter").calibration_tasks
+    check_calibration(head / "adapter", calibrated_on, ["single_write_01"])  # disjoint: fine
     with pytest.raises(ConfigError, match="calibrated on 1 of the tasks it would now run .lookup_01."):
-        check_calibration(head / "adapter", ["lookup_01", "single_write_01"])
+        check_calibration(head / "adapter", calibrated_on, ["lookup_01", "single_write_01"])
 
 
 def test_an_eval_of_a_head_on_its_calibration_tasks_stops_before_anything_is_written(tmp_path, capsys):
