@@ -169,7 +169,7 @@ def test_the_head_recipe_fits_on_training_drafts_calibrates_on_calibration_draft
     assert mined[0].drafter.model == mined[1].drafter.model == evaluated.weak.model == f"{quick[4].to}/model"
     assert head.kind == "likelihood" and head.dataset == f"{mined[0].output_dir}/verdict"
     assert head.calibration == f"{mined[1].output_dir}/verdict"
-    assert head.scorer.model == evaluated.strong.model == collected[0].strong.model
+    assert head.scorer is None and head.model == evaluated.strong.model == collected[0].strong.model
     heads = {a.verifier.head for a in evaluated.arms if a.verifier is not None and a.verifier.head}
     assert heads == {head.output_dir}
     assert plans[4][1] == Path(head.output_dir) / "head" / "likelihood_head.json"  # what marks the stage done
