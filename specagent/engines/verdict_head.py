@@ -119,15 +119,25 @@ def boundary_positions(tokenizer: Any, messages: Sequence[Message], tools: Seque
     return ids, positions
 
 
+def is_logprob(x: Any) -> bool:
+    """A number an engine may report as a log-probability: <= 0 or -inf (not NaN, +inf, a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x <= 0.0
+
+
 def trusted(entry: Any) -> bool:
-    """A boundary's report is two log-probabilities (each <= 0 or -inf), yes then no."""
+    """A boundary's report is two log-probabilities, yes then no."""
     return (isinstance(entry, Sequence) and not isinstance(entry, str) and len(entry) == 2
-            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x <= 0.0 for x in entry))
+            and all(map(is_logprob, entry)))
 
 
 def probability(logprob_yes: float, logprob_no: float) -> float:
-    """sigmoid(logit[yes] - logit[no]); the softmax normaliser cancels in the difference."""
-    return 1.0 / (1.0 + math.exp(logprob_no - logprob_yes))
+    """sigmoid(logit[yes] - logit[no]); the softmax normaliser cancels in the difference.
+    Written not to overflow: exp is only taken of a difference <= 0."""
+    d = logprob_no - logprob_yes
+    if d > 0:
+        e = math.exp(-d)
+        return e / (1.0 + e)
+    return 1.0 / (1.0 + math.exp(d))
 
 
 class HeadVerifier:

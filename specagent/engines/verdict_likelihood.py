@@ -35,7 +35,7 @@ from specagent.core.types import DraftedStep, Message, Segment, ToolSpec, Usage,
 from specagent.core.verify import render_steps
 from specagent.engines.likelihood_head import LikelihoodHead
 from specagent.engines.render import FULL, PromptProfile, render_prompt
-from specagent.engines.verdict_head import accepted_prefix, boundary_positions, step_message_indices
+from specagent.engines.verdict_head import accepted_prefix, boundary_positions, is_logprob, step_message_indices
 
 GREEDY = 1.0  # the default threshold: only the strong model's greedy steps
 
@@ -82,7 +82,7 @@ def checked_entries(entries: Any, positions: int) -> list[tuple[float, bool]]:
         if not isinstance(entry, Sequence) or isinstance(entry, (str, bytes)) or len(entry) != 2:
             raise EngineError(f"likelihood verdict: a scored position is {entry!r}, not [logprob, is_top]")
         logprob, top = entry
-        if isinstance(logprob, bool) or not isinstance(logprob, (int, float)) or not logprob <= 0.0:
+        if not is_logprob(logprob):
             raise EngineError(f"likelihood verdict: {logprob!r} is not a log-probability")
         if isinstance(top, bool):
             top = float(top)

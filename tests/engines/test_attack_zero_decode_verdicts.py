@@ -10,12 +10,14 @@ rejected, the step repaired), never as "no off-greedy token"."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from specagent.core.errors import ConfigError
 from specagent.core.interfaces import Scores
 from specagent.core.protocol import Models, ProtocolConfig, run_episode
 from specagent.core.types import Message, ToolCall, Usage
@@ -180,12 +182,8 @@ def lora_head_dir(tmp_path_factory):
                                           ("bias", float("inf")), ("weights", [1.0]), ("scale", [0.0] * len(FEATURES)),
                                           ("mean", [float("nan")] * len(FEATURES))])
 def test_a_head_file_with_numbers_fit_never_writes_is_refused(tmp_path, field, value):
-    from specagent.core.errors import ConfigError
-
     head = LikelihoodHead(weights=(0.0,) * len(FEATURES), bias=0.0, mean=(0.0,) * len(FEATURES),
                           scale=(1.0,) * len(FEATURES))
-    import json
-
     path = head.save(tmp_path)
     data = json.loads(path.read_text())
     data[field] = value
