@@ -89,6 +89,10 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
 
 
 def _verifier_text(verifier: dict[str, Any]) -> str:
+    if verifier["kind"] == "likelihood" and verifier.get("head"):
+        threshold = verifier.get("threshold")
+        return (f"likelihood head `{verifier['head']}` over the strong model's own token probabilities, "
+                f"at threshold {'calibrated' if threshold is None else threshold}")
     if verifier["kind"] == "likelihood":
         threshold = verifier.get("threshold")
         return ("likelihood verdict (the strong model's own token probabilities): "

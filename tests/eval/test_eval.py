@@ -326,3 +326,19 @@ def test_the_roles_line_names_the_evals_weak_model_whatever_the_order_of_the_arm
     lines = role_lines(report)
     assert lines[0].endswith("weak model (drafts; acts in `weak`) = `W`")
     assert "- `drafter`: its own weak model `D`" in lines and not any(line.startswith("- `weak`") for line in lines)
+
+
+def test_the_roles_lines_tell_a_likelihood_head_from_the_greedy_rule():
+    from specagent.eval.report import role_lines
+
+    def arm(verifier):
+        return {"roles": {"strong": "S", "weak": "D", "own_weak": False, "drafter_adapter": None, "verifier": verifier}}
+
+    lines = role_lines({"arms": {
+        "rule": arm({"kind": "likelihood", "threshold": None, "head": None}),
+        "head": arm({"kind": "likelihood", "threshold": None, "head": "runs/h"}),
+        "head@0.5": arm({"kind": "likelihood", "threshold": 0.5, "head": "runs/h"})}})
+    text = "\n".join(lines)
+    assert "- `rule`: likelihood verdict (the strong model's own token probabilities): greedy steps only" in lines
+    assert "`head`: likelihood head `runs/h` over the strong model's own token probabilities, at threshold calibrated" in text
+    assert "`head@0.5`: likelihood head `runs/h` over the strong model's own token probabilities, at threshold 0.5" in text
