@@ -98,12 +98,22 @@ def run_pipeline(pipeline: str | Path, fresh: bool = False, out: str | Path = "r
         for stage in cfg.stages:
             for path in outputs_of(stage, base):
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    timings = []
+    out = Path(out)
+    earlier = {} if fresh else earlier_timings(out / "timings.json")
+    timings: list[dict] = []
     began = time.perf_counter()
+
+    def record(failed: str | None = None) -> dict:
+        """timings.json after every stage, so an interrupted run keeps what its stages took."""
+        summary = {"stages": timings, "seconds": round(time.perf_counter() - began, 1), "failed": failed}
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "timings.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
     for n, (argv, done, label) in enumerate(plans, 1):
         if done.exists():
             print(f"\n[{n}/{len(plans)}] {label}: done ({done} exists), skipped", flush=True)
-            timings.append({"stage": label, "seconds": 0.0, "skipped": True})
+            timings.append({"stage": label, "seconds": 0.0, "skipped": True, "earlier_seconds": earlier.get(label)})
             continue
         command = [sys.executable, "-m", "specagent", *argv]
         print(f"\n[{n}/{len(plans)}] {label}\n$ specagent {shlex.join(argv)}", flush=True)
@@ -111,22 +121,31 @@ def run_pipeline(pipeline: str | Path, fresh: bool = False, out: str | Path = "r
         code = subprocess.run(command).returncode
         timings.append({"stage": label, "seconds": round(time.perf_counter() - start, 1), "skipped": False})
         if code != 0:
+            record(failed=label)
             raise SpecAgentError(f"stage {n} ({label}) failed with exit code {code}; fix it and rerun "
                                  "`specagent quickstart` to resume from this stage")
-    total = time.perf_counter() - began
-    summary = {"stages": timings, "seconds": round(total, 1)}
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "timings.json").write_text(json.dumps(summary, indent=2))
+        record()
+    summary = record()
+    total = summary["seconds"]
     print("\nquickstart stages:")
     for t in timings:
-        shown = "skipped" if t["skipped"] else f"{t['seconds']:.0f} s"
+        shown = f"{t['seconds']:.0f} s" if not t["skipped"] else (
+            "skipped" if t["earlier_seconds"] is None else f"skipped (took {t['earlier_seconds']:.0f} s before)")
         print(f"  {t['stage']:<56} {shown}")
     print(f"  {'total':<56} {total:.0f} s")
     for report in report_paths(pipeline):
         if report.exists():
             print(f"\nreport: {report} (+ report.json and plots beside it)")
     return summary
+
+
+def earlier_timings(path: Path) -> dict[str, float]:
+    """Each stage's seconds from an earlier run's timings.json (a skipped stage keeps its time)."""
+    try:
+        stages = json.loads(path.read_text())["stages"]
+        return {t["stage"]: t["seconds"] if not t["skipped"] else t.get("earlier_seconds") for t in stages}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def report_paths(pipeline: str | Path) -> list[Path]:

@@ -49,6 +49,13 @@ def test_a_failing_stage_stops_the_pipeline_and_names_itself(tmp_path):
     with pytest.raises(SpecAgentError, match=r"stage 2 \(eval"):
         run_pipeline(pipeline, out=tmp_path)
     assert (tmp_path / "demos.jsonl").is_file() and not (tmp_path / "eval" / "report.md").exists()
+    failed = json.loads((tmp_path / "timings.json").read_text())  # what ran is kept, and what failed
+    assert failed["failed"].startswith("eval") and [s["skipped"] for s in failed["stages"]] == [False, False]
+
+    write_pipeline(tmp_path, {"name": "store", "limit": 2})  # fixed: the rerun resumes at the eval
+    resumed = run_pipeline(tmp_path / "pipeline.yaml", out=tmp_path)
+    assert [s["skipped"] for s in resumed["stages"]] == [True, False] and resumed["failed"] is None
+    assert resumed["stages"][0]["earlier_seconds"] == failed["stages"][0]["seconds"] > 0
 
 
 def test_the_quickstart_keeps_its_eval_tasks_out_of_training():
