@@ -410,7 +410,9 @@ class MineConfig(Strict):
     # what keeps related runs on one side of the split: `task` (the task id), or a key of the
     # trajectories' `meta` (e.g. user_id): every task of a group goes where the group goes
     split_by: str = "task"
-    stride: int = Field(1, gt=0)  # every k-th trajectory (e.g. 4: one trial per task of tau-bench runs)
+    # only the trajectories of these task ids (e.g. a training split's; held-out runs mined apart), in file order
+    tasks: Optional[list[str]] = Field(None, min_length=1)
+    stride: int = Field(1, gt=0)  # then every k-th trajectory (e.g. 4: one trial per task of tau-bench runs)
     limit: Optional[int] = Field(None, gt=0)  # then the first N trajectories
     max_cuts_per_trajectory: Optional[int] = Field(None, gt=0)  # evenly spaced cut points (None: every one)
     # also add the strong model's own next steps at each cut as valid segments (verdict data only)
@@ -418,7 +420,7 @@ class MineConfig(Strict):
     batch_trajectories: int = Field(1, gt=0)  # trajectories drafted together (bigger engine batches)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)  # local, or Ray actors (--ray)
 
-    @field_validator("validation_tasks", mode="before")
+    @field_validator("validation_tasks", "tasks", mode="before")
     @classmethod
     def _ids_are_strings(cls, value: Any) -> Any:
         """YAML reads `validation_tasks: [20, 21]` as ints; task ids are strings."""

@@ -37,11 +37,16 @@ SCHEMAS = {"collect": CollectConfig, "mine": MineConfig, "train drafter": Drafte
 
 
 class StageConfig(Strict):
-    command: Literal["collect", "mine", "train drafter", "train verdict", "export", "eval"]
+    command: Literal["import", "collect", "mine", "train drafter", "train verdict", "export", "eval"]
     config: Optional[str] = None  # relative to the pipeline file
-    # export only
+    # export: `from` a training output `to` an export dir; import: `inputs` (agent logs) `to` a trajectories.jsonl
     from_: Optional[str] = Field(None, alias="from")
     to: Optional[str] = None
+    # import only
+    inputs: Optional[list[str]] = None
+    tools: Optional[str] = None  # the tool schemas / read_only-write lists (configs/import/)
+    model: Optional[str] = None  # the model name stored in each trajectory
+    # export only
     merge: bool = False
     backend: Literal["vllm", "transformers"] = "vllm"
     quantize: Optional[Quantization] = None
@@ -49,10 +54,17 @@ class StageConfig(Strict):
 
 class PipelineConfig(Strict):
     stages: list[StageConfig] = Field(min_length=1)
+    output_dir: str = "runs/quickstart"  # where timings.json is written
 
 
 def stage_plan(stage: StageConfig, base: Path) -> tuple[list[str], Path, str]:
     """(the specagent argv, the output that marks it done, a label)."""
+    if stage.command == "import":
+        if not stage.inputs or not stage.to:
+            raise ConfigError("an import stage needs `inputs` and `to`")
+        argv = ["import", *stage.inputs, "--out", stage.to]
+        argv += (["--tools", stage.tools] if stage.tools else []) + (["--model", stage.model] if stage.model else [])
+        return argv, Path(stage.to), f"import {stage.to}"
     if stage.command == "export":
         if not stage.from_ or not stage.to:
             raise ConfigError("an export stage needs `from` and `to`")
@@ -76,7 +88,7 @@ def stage_plan(stage: StageConfig, base: Path) -> tuple[list[str], Path, str]:
 
 def outputs_of(stage: StageConfig, base: Path) -> list[Path]:
     """What `--fresh` removes for a stage."""
-    if stage.command == "export":
+    if stage.command in ("export", "import"):
         return [Path(stage.to)] if stage.to else []
     cfg = load_config(SCHEMAS[stage.command], base / stage.config, [])
     if stage.command == "collect":
@@ -86,8 +98,9 @@ def outputs_of(stage: StageConfig, base: Path) -> list[Path]:
     return [Path(cfg.output_dir)]
 
 
-def run_pipeline(pipeline: str | Path, fresh: bool = False, out: str | Path = "runs/quickstart") -> dict:
-    """Run every stage not yet done, in order; print timings and the eval report at the end."""
+def run_pipeline(pipeline: str | Path, fresh: bool = False, out: str | Path | None = None) -> dict:
+    """Run every stage not yet done, in order; print timings and the eval report at the end.
+    timings.json goes to ``out`` (default: the pipeline's `output_dir`)."""
     pipeline = Path(pipeline)
     if not pipeline.is_file():
         raise ConfigError(f"{pipeline}: no such pipeline file")
@@ -98,7 +111,7 @@ def run_pipeline(pipeline: str | Path, fresh: bool = False, out: str | Path = "r
         for stage in cfg.stages:
             for path in outputs_of(stage, base):
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    out = Path(out)
+    out = Path(out or cfg.output_dir)
     earlier = {} if fresh else earlier_timings(out / "timings.json")
     timings: list[dict] = []
     began = time.perf_counter()

@@ -37,6 +37,7 @@ FULL = ROOT / "configs" / "quickstart" / "full.yaml"
 MULTI_TURN = ROOT / "configs" / "quickstart" / "multi_turn.yaml"
 HEAD = ROOT / "configs" / "quickstart" / "head.yaml"
 QUICKSTART_STAGES = sorted((ROOT / "configs" / "quickstart").glob("*.yaml"))
+AIRLINE = ROOT / "configs" / "airline" / "pipeline.yaml"
 
 
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
@@ -175,11 +176,28 @@ def test_the_head_recipe_fits_on_training_drafts_calibrates_on_calibration_draft
     assert plans[4][1] == Path(head.output_dir) / "head" / "likelihood_head.json"  # what marks the stage done
 
 
+def test_the_airline_pipeline_imports_mines_then_trains_on_whole_runs_with_the_held_out_tasks_apart():
+    """configs/airline/pipeline.yaml (issue 17): GPT-4o's runs imported, mined at one cut each
+    (tasks 20-24 the validation split), the drafter trained on the training split's whole runs."""
+    from specagent.quickstart import PipelineConfig, stage_plan
+
+    pipeline = load_config(PipelineConfig, AIRLINE)
+    plans = [stage_plan(stage, AIRLINE.parent) for stage in pipeline.stages]  # each stage's config validates
+    assert [argv[0] for argv, _, _ in plans] == ["import", "mine", "train"] and pipeline.output_dir == "runs/airline"
+    imported = pipeline.stages[0]
+    assert (ROOT / imported.tools).is_file() and imported.inputs[0].startswith("../shared/data/tau-bench-airline/")
+    mined = load_config(MineConfig, AIRLINE.parent / pipeline.stages[1].config)
+    trained = load_config(DrafterTrainConfig, AIRLINE.parent / pipeline.stages[2].config)
+    assert mined.trajectories == imported.to and trained.dataset == f"{mined.output_dir}/drafter"
+    assert mined.validation_tasks == ["20", "21", "22", "23", "24"] and mined.env.name == "airline"
+    assert trained.prompt_profile == "compact" and trained.max_length == mined.drafter.max_model_len == 8192
+
+
 def test_every_config_file_is_covered():
     all_yaml = set((ROOT / "configs").rglob("*.yaml"))
     covered = set(RUN_CONFIGS) | set(IMPORT_CONFIGS) | set(MINE_CONFIGS) | set(COLLECT_CONFIGS)
     covered |= set(TRAIN_DRAFTER_CONFIGS) | set(TRAIN_VERDICT_CONFIGS) | set(ACCELERATE_CONFIGS)
-    covered |= set(SERVE_CONFIGS) | set(EVAL_CONFIGS) | set(QUICKSTART_STAGES)
+    covered |= set(SERVE_CONFIGS) | set(EVAL_CONFIGS) | set(QUICKSTART_STAGES) | {AIRLINE}
     assert all_yaml == covered, "a config without a schema test: add it to the lists above"
 
 

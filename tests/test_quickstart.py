@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specagent.core.errors import SpecAgentError
+from specagent.core.errors import ConfigError, SpecAgentError
 from specagent.quickstart import run_pipeline
 
 
@@ -56,6 +56,24 @@ def test_a_failing_stage_stops_the_pipeline_and_names_itself(tmp_path):
     resumed = run_pipeline(tmp_path / "pipeline.yaml", out=tmp_path)
     assert [s["skipped"] for s in resumed["stages"]] == [True, False] and resumed["failed"] is None
     assert resumed["stages"][0]["earlier_seconds"] == failed["stages"][0]["seconds"] > 0
+
+
+def test_an_import_stage_writes_trajectories_and_timings_go_to_the_pipelines_output_dir(tmp_path):
+    log = tmp_path / "chats.jsonl"
+    log.write_text("".join(json.dumps({"id": f"c{n}", "task_id": f"t{n}", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"}]}) + "\n" for n in range(3)))
+    out = tmp_path / "runs" / "trajectories.jsonl"
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "runs"), "stages": [
+        {"command": "import", "inputs": [str(log)], "to": str(out), "model": "gpt-x"}]}))
+    first = run_pipeline(pipeline)
+    assert [json.loads(line)["model"] for line in out.read_text().splitlines()] == ["gpt-x"] * 3
+    assert json.loads((tmp_path / "runs" / "timings.json").read_text())["stages"][0]["stage"] == f"import {out}"
+    assert first["stages"][0]["skipped"] is False and run_pipeline(pipeline)["stages"][0]["skipped"] is True
+
+    pipeline.write_text(yaml.safe_dump({"stages": [{"command": "import", "to": str(out)}]}))
+    with pytest.raises(ConfigError, match="an import stage needs `inputs` and `to`"):
+        run_pipeline(pipeline)
 
 
 def test_the_quickstart_keeps_its_eval_tasks_out_of_training():

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from specagent.config import CollectConfig, MineConfig, check_resume, dump_config
 from specagent.core.classify import classify_tools
+from specagent.core.errors import ConfigError
 from specagent.core.files import check_output_dir, check_output_file
 from specagent.core.types import Message, Trajectory, union_tools
 from specagent.data.datasets import finalize, task_split
@@ -35,7 +36,7 @@ def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None 
     """Mine one shard (and, unsharded, build the datasets); or with ``merge=N`` only build
     the datasets from N finished shard files. ``worker``: the class that mines (`MineWorker`;
     tests give one whose drafter is noisy, or dies)."""
-    trajectories = read_trajectories(cfg.trajectories)[:: cfg.stride][: cfg.limit]
+    trajectories = mined_trajectories(cfg)
     _check_mine(cfg, trajectories)  # everything checked before anything is written
     check_executor(cfg.executor)
     task_split(trajectories, cfg.validation_tasks, cfg.validation_fraction, cfg.split_by)  # unknown ids fail here
@@ -59,6 +60,18 @@ def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None 
     print(f"segments {a['segments']}  drafted steps {a['drafted_steps']}  accepted {a['accepted_steps']}  "
           f"acceptance {a['acceptance_rate'] or 0:.3f}  ended_by {a['ended_by']}")
     return stats
+
+
+def mined_trajectories(cfg: MineConfig) -> list[Trajectory]:
+    """The trajectories a mine reads: those of `tasks` (all if None), then every `stride`-th, then
+    the first `limit`. A task id that names no trajectory is an error (a typo would mine nothing)."""
+    trajectories = read_trajectories(cfg.trajectories)
+    if cfg.tasks is not None:
+        missing = sorted(set(cfg.tasks) - {t.task_id for t in trajectories})
+        if missing:
+            raise ConfigError(f"tasks: {missing} name no trajectory of {cfg.trajectories}")
+        trajectories = [t for t in trajectories if t.task_id in set(cfg.tasks)]
+    return trajectories[:: cfg.stride][: cfg.limit]
 
 
 def _check_mine(cfg: MineConfig, trajectories: list[Trajectory]) -> tuple[Any, str | None, Any]:

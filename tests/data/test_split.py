@@ -44,3 +44,23 @@ def test_a_group_never_straddles_the_split(groups, fraction):
     for task, user in groups.items():
         sides.setdefault(user, set()).add(split[task])
     assert all(len(s) == 1 for s in sides.values())
+
+
+def test_a_mine_reads_only_its_tasks_then_strides_and_limits(tmp_path):
+    from specagent.data.stage import mined_trajectories
+    from specagent.records.trajectories import write_trajectories
+
+    path = tmp_path / "trajectories.jsonl"
+    trajectories = [Trajectory(f"r{task}:{trial}", task, [], [Message("user", "hi")], 1.0)
+                    for task in ("1", "2", "3") for trial in range(4)]
+    write_trajectories(path, trajectories)
+
+    def read(*overrides: str) -> list[str]:
+        return [t.id for t in mined_trajectories(load_config(MineConfig, None, [f"trajectories={path}", *overrides]))]
+
+    assert read("tasks=[3, 1]") == [f"r1:{n}" for n in range(4)] + [f"r3:{n}" for n in range(4)]  # file order
+    assert read("tasks=[1, 3]", "stride=4") == ["r1:0", "r3:0"]
+    assert read("tasks=[2]", "limit=1") == ["r2:0"]
+    assert len(read()) == 12
+    with pytest.raises(ConfigError, match=r"tasks: \['9'\] name no trajectory"):
+        read("tasks=[1, 9]")
