@@ -67,10 +67,11 @@ def mined_trajectories(cfg: MineConfig) -> list[Trajectory]:
     the first `limit`. A task id that names no trajectory is an error (a typo would mine nothing)."""
     trajectories = read_trajectories(cfg.trajectories)
     if cfg.tasks is not None:
-        missing = sorted(set(cfg.tasks) - {t.task_id for t in trajectories})
+        wanted = set(cfg.tasks)
+        missing = sorted(wanted - {t.task_id for t in trajectories})
         if missing:
             raise ConfigError(f"tasks: {missing} name no trajectory of {cfg.trajectories}")
-        trajectories = [t for t in trajectories if t.task_id in set(cfg.tasks)]
+        trajectories = [t for t in trajectories if t.task_id in wanted]
     return trajectories[:: cfg.stride][: cfg.limit]
 
 
