@@ -74,6 +74,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="validation trajectories (default: all)")
     parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
     parser.add_argument("--out", default="runs/bench/drafter_acceptance.json")
+    parser.add_argument("--segments", default=None,
+                        help="also write every labeled drafted segment, per drafter, to <SEGMENTS>.<base|tuned>.jsonl")
     args = parser.parse_args()
 
     adapter = adapter_dir(args.adapter)
@@ -87,8 +89,13 @@ def main() -> None:
         for name, lora in (("base", None), ("tuned", "tuned")):
             began = time.perf_counter()
             run = dataclasses.replace(data, settings=dataclasses.replace(data.settings, drafter_adapter=lora))
-            figures = offline_acceptance(engine, run, progress=f"{name} drafts")
+            kept: list[dict] = []
+            figures = offline_acceptance(engine, run, progress=f"{name} drafts", keep=kept)
             results[name] = {**figures, "seconds": round(time.perf_counter() - began, 1)}
+            if args.segments:
+                path = Path(f"{args.segments}.{name}.jsonl")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("".join(json.dumps(seg) + "\n" for seg in kept))
     finally:
         getattr(engine, "close", lambda: None)()
     report = {"mined": args.mined, "adapter": adapter, "backend": args.backend, "cuts": args.cuts,

@@ -63,9 +63,11 @@ def held_out(settings: AcceptanceSettings) -> HeldOut:
     return HeldOut(trajectories, jobs_for, mine_settings, mine.drafter.max_model_len)
 
 
-def offline_acceptance(engine: Any, data: HeldOut, progress: str | None = None) -> dict[str, Any]:
+def offline_acceptance(engine: Any, data: HeldOut, progress: str | None = None,
+                       keep: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Draft and label at every held-out cut point; the mining figures of DESIGN §3.
-    `progress`: a label for a progress bar over the trajectories (none when unset)."""
+    `progress`: a label for a progress bar over the trajectories (none when unset); `keep`: a
+    list that receives every labeled segment record (`specagent.segment/v1`), for inspection."""
     stats = DraftStats()
     trajectories = progress_bar(data.trajectories, desc=progress, unit="run", disable=progress is None)
     segments, per_run = [], {}
@@ -74,6 +76,8 @@ def offline_acceptance(engine: Any, data: HeldOut, progress: str | None = None) 
         run = segment_stats(drafted)
         per_run[traj.id] = {"drafted": run["drafted_steps"], "accepted": run["accepted_steps"]}
         segments += drafted
+        if keep is not None:
+            keep += drafted
     figures = segment_stats(segments)
     out = {k: figures[k] for k in ("segments", "drafted_steps", "accepted_steps", "acceptance_rate",
                                    "mean_accepted_prefix", "ended_by", "by_position", "by_tool")}

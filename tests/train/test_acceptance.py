@@ -18,7 +18,10 @@ def test_offline_acceptance_is_the_mining_figure(mined):
     """Same drafter, same held-out cut points, same labeler: the figure mining reported."""
     data = held_out(AcceptanceSettings(mined=str(mined), limit=None, max_cuts_per_trajectory=None))
     mined_figures = json.loads((mined / "stats.json").read_text())["validation"]
-    noisy = offline_acceptance(ScriptedEngine(noisy_expert(StoreEnv())), data)
+    kept: list[dict] = []
+    noisy = offline_acceptance(ScriptedEngine(noisy_expert(StoreEnv())), data, keep=kept)
+    assert len(kept) == noisy["segments"]  # the kept records are the segments counted, labels and all
+    assert sum(sum(seg["labels"]) for seg in kept) == noisy["accepted_steps"]
     for key in ("segments", "drafted_steps", "accepted_steps", "acceptance_rate"):
         assert noisy[key] == mined_figures[key]
     assert 0 < noisy["acceptance_rate"] < 1
