@@ -73,6 +73,8 @@ def main() -> None:
                         help="cut points per validation trajectory, evenly spaced; `all`: every assistant step")
     parser.add_argument("--limit", type=int, default=None, help="validation trajectories (default: all)")
     parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
+    parser.add_argument("--drafters", nargs="+", choices=["base", "tuned"], default=["base", "tuned"],
+                        help="which drafters draft (default both, in one run)")
     parser.add_argument("--out", default="runs/bench/drafter_acceptance.json")
     parser.add_argument("--segments", default=None,
                         help="also write every labeled drafted segment, per drafter, to <SEGMENTS>.<base|tuned>.jsonl")
@@ -87,6 +89,8 @@ def main() -> None:
     results = {}
     try:
         for name, lora in (("base", None), ("tuned", "tuned")):
+            if name not in args.drafters:
+                continue
             began = time.perf_counter()
             run = dataclasses.replace(data, settings=dataclasses.replace(data.settings, drafter_adapter=lora))
             kept: list[dict] = []
@@ -115,8 +119,9 @@ def main() -> None:
               f"{pct(r['acceptance_rate']):>10} {interval:>16} {prefix:>11}  {r['ended_by']}")
     breakdown(results, "by_position", "position in the drafted segment")
     breakdown(results, "by_tool", "tool (or step kind)")
-    base, tuned = results["base"]["acceptance_rate"] or 0.0, results["tuned"]["acceptance_rate"] or 0.0
-    print(f"gain: {100 * (tuned - base):+.1f} points   ({args.out})")
+    if len(results) == 2:
+        base, tuned = results["base"]["acceptance_rate"] or 0.0, results["tuned"]["acceptance_rate"] or 0.0
+        print(f"gain: {100 * (tuned - base):+.1f} points   ({args.out})")
 
 
 if __name__ == "__main__":
