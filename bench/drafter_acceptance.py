@@ -4,10 +4,14 @@ The base weak model and the trained adapter draft at the same held-out cut point
 mine run's validation trajectories, its environment, its DRAFT rules) and are labeled by
 the same `match` labeler with the metric definitions of DESIGN §3 (`segment_stats`):
 acceptance = accepted drafted steps / drafted steps. One engine serves both (the adapter
-by LoRA per request), so nothing differs but the weights.
+by LoRA per request), so nothing differs but the weights. With ``--merged`` the tuned
+drafter is the merged checkpoint of an export (`specagent export --merge`), served on an
+engine of its own with the same settings, no LoRA path.
 
     python bench/drafter_acceptance.py --mined runs/airline/mined-all --limit 5 \
         --adapter runs/airline/train/drafter-smollm2 [--cuts 6|all] [--backend vllm]
+    python bench/drafter_acceptance.py --mined runs/airline/mined-live-all --cuts 4 \
+        --merged runs/airline/export/drafter-whole-runs/merged [--drafters tuned] [--segments PREFIX]
 
 Acceptance comes with a 95% bootstrap interval over the validation runs (runs resampled
 with replacement, Σaccepted / Σdrafted each time) and a breakdown by position in the
@@ -27,16 +31,19 @@ from specagent.runtime.assembly import adapter_dir
 from specagent.train.acceptance import held_out, offline_acceptance
 
 
-def build_engine(backend: str, mine: MineConfig, adapter: str):
+def build_engine(backend: str, mine: MineConfig, adapter: str | None, model: str | None = None):
+    """The drafter's engine as the mine run configured it (LoRA ``adapter`` as "tuned"), or, with
+    ``model``, that checkpoint's own engine of the same kind and settings, no adapter."""
+    name, gguf = (model, None) if model else (mine.drafter.model, mine.drafter.gguf_file)
+    adapters = {"tuned": adapter} if adapter else {}
     if backend == "vllm":
         from specagent.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(mine.drafter.model, gguf_file=mine.drafter.gguf_file, adapters={"tuned": adapter},
-                          max_model_len=mine.drafter.max_model_len, engine_kwargs=dict(mine.drafter.engine_kwargs))
+        return VLLMEngine(name, gguf_file=gguf, adapters=adapters, max_model_len=mine.drafter.max_model_len,
+                          engine_kwargs=dict(mine.drafter.engine_kwargs))
     from specagent.engines.transformers_engine import TransformersEngine
 
-    return TransformersEngine(mine.drafter.model, gguf_file=mine.drafter.gguf_file, adapters={"tuned": adapter},
-                              max_model_len=mine.drafter.max_model_len)
+    return TransformersEngine(name, gguf_file=gguf, adapters=adapters, max_model_len=mine.drafter.max_model_len)
 
 
 def cuts_arg(value: str) -> int | None:
@@ -73,6 +80,9 @@ def main() -> None:
                         help="cut points per validation trajectory, evenly spaced; `all`: every assistant step")
     parser.add_argument("--limit", type=int, default=None, help="validation trajectories (default: all)")
     parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
+    parser.add_argument("--merged", default=None,
+                        help="the tuned drafter as one checkpoint instead (`specagent export --merge`'s merged/): "
+                             "served on its own engine with the same settings, no LoRA path")
     parser.add_argument("--drafters", nargs="+", choices=["base", "tuned"], default=["base", "tuned"],
                         help="which drafters draft (default both, in one run)")
     parser.add_argument("--out", default="runs/bench/drafter_acceptance.json")
@@ -80,29 +90,38 @@ def main() -> None:
                         help="also write every labeled drafted segment, per drafter, to <SEGMENTS>.<base|tuned>.jsonl")
     args = parser.parse_args()
 
-    adapter = adapter_dir(args.adapter)
-    if adapter is None:
+    adapter = None if args.merged else adapter_dir(args.adapter)
+    if adapter is None and not args.merged:
         raise SystemExit(f"{args.adapter}: no adapter there (train one with `specagent train drafter`)")
     mine = load_config(MineConfig, Path(args.mined) / "mine_config.yaml")
     data = held_out(AcceptanceSettings(mined=args.mined, limit=args.limit, max_cuts_per_trajectory=args.cuts))
-    engine = build_engine(args.backend, mine, adapter)
-    results = {}
+    results, shared = {}, None
     try:
-        for name, lora in (("base", None), ("tuned", "tuned")):
+        for name in ("base", "tuned"):
             if name not in args.drafters:
                 continue
             began = time.perf_counter()
+            if args.merged:  # each drafter its own engine, one at a time
+                engine, lora = build_engine(args.backend, mine, None, args.merged if name == "tuned" else None), None
+            else:  # one engine for both, the adapter by LoRA per request: nothing differs but the weights
+                shared = engine = shared or build_engine(args.backend, mine, adapter)
+                lora = "tuned" if name == "tuned" else None
             run = dataclasses.replace(data, settings=dataclasses.replace(data.settings, drafter_adapter=lora))
             kept: list[dict] = []
-            figures = offline_acceptance(engine, run, progress=f"{name} drafts", keep=kept)
+            try:
+                figures = offline_acceptance(engine, run, progress=f"{name} drafts", keep=kept)
+            finally:
+                if engine is not shared:
+                    getattr(engine, "close", lambda: None)()
             results[name] = {**figures, "seconds": round(time.perf_counter() - began, 1)}
             if args.segments:
                 path = Path(f"{args.segments}.{name}.jsonl")
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text("".join(json.dumps(seg) + "\n" for seg in kept))
     finally:
-        getattr(engine, "close", lambda: None)()
-    report = {"mined": args.mined, "adapter": adapter, "backend": args.backend, "cuts": args.cuts,
+        if shared is not None:
+            getattr(shared, "close", lambda: None)()
+    report = {"mined": args.mined, "adapter": adapter, "merged": args.merged, "backend": args.backend, "cuts": args.cuts,
               "validation_trajectories": [t.id for t in data.trajectories], **results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
