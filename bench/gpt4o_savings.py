@@ -51,12 +51,16 @@ def held_out_runs(path: str, tools: str, tasks: Sequence[str], trials: Sequence[
     return picked[:limit]
 
 
-def build_engine(backend: str, model: str, gguf_file: str | None, adapters: dict[str, str], max_model_len: int):
+def build_engine(backend: str, model: str, gguf_file: str | None, adapters: dict[str, str], max_model_len: int,
+                 kv_cache_gib: float | None = None):
     if backend == "vllm":
         from specagent.engines.vllm_engine import VLLMEngine
 
+        kwargs: dict[str, Any] = {"enforce_eager": True, "block_size": 32}
+        if kv_cache_gib:  # room for every run's context at once, so each round's prefill hits the prefix cache
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         return VLLMEngine(model, gguf_file=gguf_file, adapters=adapters, max_model_len=max_model_len,
-                          engine_kwargs={"enforce_eager": True, "block_size": 32})
+                          engine_kwargs=kwargs)
     from specagent.engines.transformers_engine import TransformersEngine
 
     return TransformersEngine(model, gguf_file=gguf_file, adapters=adapters, max_model_len=max_model_len)
@@ -132,6 +136,9 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=None, help="the head's threshold (default: calibrated)")
     parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
     parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--kv-cache-gib", type=float, default=None,
+                        help="vLLM's KV cache (default: the engine's CPU default); every run's context side by side "
+                             "wants ~23 KB a token for SmolLM2 in bf16")
     parser.add_argument("--max-draft-steps", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=192, help="per drafted step")
     parser.add_argument("--window", type=int, default=4, help="the match labeler's window")
@@ -178,7 +185,8 @@ def open_engines(args: argparse.Namespace, drafter_lora: str | None) -> tuple[li
     drafter's engine when both are the same model: one engine, two adapters)."""
     drafter_adapters = {DRAFTER: drafter_lora} if drafter_lora else {}
     if not args.head:
-        return [build_engine(args.backend, args.drafter, args.gguf_file, drafter_adapters, args.max_model_len)], None
+        return [build_engine(args.backend, args.drafter, args.gguf_file, drafter_adapters, args.max_model_len,
+                             args.kv_cache_gib)], None
     from specagent.engines.verdict_head import HeadSpec, HeadVerifier, head_adapter_dir
 
     head_dir = head_adapter_dir(args.head)
@@ -194,7 +202,8 @@ def open_engines(args: argparse.Namespace, drafter_lora: str | None) -> tuple[li
                               args.max_model_len)
         engines = [engine]
     else:
-        drafter = build_engine(args.backend, args.drafter, args.gguf_file, drafter_adapters, args.max_model_len)
+        drafter = build_engine(args.backend, args.drafter, args.gguf_file, drafter_adapters, args.max_model_len,
+                               args.kv_cache_gib)
         engine = build_engine(args.backend, strong, None, {HEAD: str(head_dir)}, args.max_model_len)
         engines = [drafter, engine]
     head = HeadVerifier(engine, head_dir, args.threshold, adapter=HEAD)
