@@ -4,9 +4,9 @@ GPT-4o's recorded held-out runs (tasks 20-24 of the shared tau-bench file) play 
 model: its repair at a point of the walk is its recorded next step, and what it decodes is
 that step's tokens. The drafter drafts against the live airline environment restored to that
 point (the run's writes replayed, as `specagent mine` does), and a verdict accepts a prefix:
-a trained head (`--head`, a HeadVerifier on the strong engine) and always the oracle (the
-`match` labeler against the recorded continuation), so that drafter quality and verifier
-quality can be told apart. Each run is followed to its end or to its first false accept (an
+a trained head (`--head`: a LoRA verdict head or a likelihood head, on the strong engine)
+and always the oracle (the `match` labeler against the recorded continuation), so that
+drafter quality and verifier quality can be told apart. Each run is followed to its end or to its first false accept (an
 approved step `match` rejects). The walk and its accounting: `specagent/eval/savings.py`.
 
 GPT-4o's tokenizer is not available: tokens are counted with the drafter's tokenizer, on each
@@ -131,7 +131,9 @@ def main() -> None:
     parser.add_argument("--drafter", default="smollm2", help="the drafter's model (hub id, dir, or smollm2)")
     parser.add_argument("--gguf-file", default=None)
     parser.add_argument("--adapter", default=None, help="the tuned drafter (training output, export, adapter dir)")
-    parser.add_argument("--head", default=None, help="a verdict head (`specagent train verdict` kind head, export)")
+    parser.add_argument("--head", default=None,
+                        help="a verdict head: `specagent train verdict` kind head (its output or export) or kind "
+                             "likelihood (its output dir)")
     parser.add_argument("--strong", default=None, help="the head's base model (default: its verdict.json base_model)")
     parser.add_argument("--threshold", type=float, default=None, help="the head's threshold (default: calibrated)")
     parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
@@ -182,36 +184,67 @@ def main() -> None:
 
 def open_engines(args: argparse.Namespace, drafter_lora: str | None) -> tuple[list[Any], Any]:
     """The drafter's engine, and with ``--head`` the head's verifier on the strong engine (the
-    drafter's engine when both are the same model: one engine, two adapters)."""
+    drafter's engine when both are the same model: one engine, two adapters). A head is either
+    a LoRA verdict head (`kind: head`) or a likelihood head (`kind: likelihood`: the strong
+    model's base weights score the drafted tokens, a logistic model reads them)."""
     drafter_adapters = {DRAFTER: drafter_lora} if drafter_lora else {}
     if not args.head:
         return [build_engine(args.backend, args.drafter, args.gguf_file, drafter_adapters, args.max_model_len,
                              args.kv_cache_gib)], None
-    from specagent.engines.verdict_head import HeadSpec, HeadVerifier, head_adapter_dir
+    likelihood = likelihood_head(args.head, args.threshold)
+    if likelihood is not None:
+        calibrated_on, head_dir, base = likelihood.calibration_tasks, None, likelihood.base_model
+    else:
+        from specagent.engines.verdict_head import HeadSpec, head_adapter_dir
 
-    head_dir = head_adapter_dir(args.head)
-    spec = HeadSpec.load(head_dir)
-    if set(spec.calibration_tasks) & set(args.tasks):  # a threshold chosen on the answers it is measured on
+        head_dir = head_adapter_dir(args.head)
+        spec = HeadSpec.load(head_dir)
+        calibrated_on, base = spec.calibration_tasks, spec.base_model
+    if set(calibrated_on) & set(args.tasks):  # a threshold chosen on the answers it is measured on
         raise SystemExit(f"{args.head}: its threshold was calibrated on tasks "
-                         f"{sorted(set(spec.calibration_tasks) & set(args.tasks))}; measure it on other tasks")
-    strong = args.strong or spec.base_model
+                         f"{sorted(set(calibrated_on) & set(args.tasks))}; measure it on other tasks")
+    strong = args.strong or base
     if not strong:
-        raise SystemExit(f"{args.head}: its verdict.json names no base_model; pass --strong")
+        raise SystemExit(f"{args.head}: the head names no base model; pass --strong")
+    head_adapters = {HEAD: str(head_dir)} if head_dir else {}
     if strong == args.drafter:
-        engine = build_engine(args.backend, strong, args.gguf_file, {**drafter_adapters, HEAD: str(head_dir)},
-                              args.max_model_len)
+        engine = build_engine(args.backend, strong, args.gguf_file, {**drafter_adapters, **head_adapters},
+                              args.max_model_len, args.kv_cache_gib)
         engines = [engine]
     else:
         drafter = build_engine(args.backend, args.drafter, args.gguf_file, drafter_adapters, args.max_model_len,
                                args.kv_cache_gib)
-        engine = build_engine(args.backend, strong, None, {HEAD: str(head_dir)}, args.max_model_len)
+        engine = build_engine(args.backend, strong, None, head_adapters, args.max_model_len, args.kv_cache_gib)
         engines = [drafter, engine]
-    head = HeadVerifier(engine, head_dir, args.threshold, adapter=HEAD)
+    if likelihood is not None:
+        from specagent.engines.verdict_likelihood import LikelihoodVerifier
+
+        verifier: Any = LikelihoodVerifier(engine, args.threshold, continue_repairs=False, head=likelihood)
+    else:
+        from specagent.engines.verdict_head import HeadVerifier
+
+        verifier = HeadVerifier(engine, head_dir, args.threshold, adapter=HEAD)
 
     def verify(run: Trajectory, context: list[Message], segment: Segment) -> int:
-        verdict, _ = head.verify(context, run.tools, segment)
+        verdict, _ = verifier.verify(context, run.tools, segment)
         return verdict.accepted
     return engines, verify
+
+
+def likelihood_head(path: str, threshold: float | None = None) -> Any:
+    """The likelihood head at ``path`` (its file, or a `specagent train verdict` dir holding it),
+    refused if degenerate at its calibrated threshold (``threshold`` None); None where there is
+    none (a LoRA head)."""
+    from specagent.engines.likelihood_head import HEAD_FILE, LikelihoodHead
+    from specagent.runtime.assembly import check_likelihood_head
+
+    where = Path(path)
+    if not any(c.is_file() for c in (where / HEAD_FILE, where / "head" / HEAD_FILE)) and where.name != HEAD_FILE:
+        return None
+    head = LikelihoodHead.load(where)
+    if threshold is None:
+        check_likelihood_head(head, where)
+    return head
 
 
 if __name__ == "__main__":

@@ -343,3 +343,23 @@ def test_the_bench_drafts_in_the_live_airline_env_restored_to_each_point(airline
     # the drafted lookups ran in the live env: their observations are GPT-4o's recorded ones
     recorded_obs = {m.content for m in run.messages if m.role == "tool"}
     assert len(observed) == 4 and all(m.content in recorded_obs for m in observed)  # user, reservation, search, think
+
+
+def test_the_bench_tells_a_likelihood_head_from_a_lora_head(tmp_path):
+    """`--head` takes either kind: a dir holding `likelihood_head.json` (as `specagent train verdict`
+    writes it, under head/) is a likelihood head; anything else is left to the LoRA head's loader.
+    A degenerate likelihood head is refused at its calibrated threshold, not at one given explicitly."""
+    from specagent.core.errors import ConfigError
+    from specagent.engines.likelihood_head import LikelihoodHead
+
+    bench = load_bench("gpt4o_savings")
+    assert bench.likelihood_head(str(tmp_path)) is None  # e.g. a LoRA head's export dir
+    head = LikelihoodHead(weights=(1.0,) * 7, bias=0.0, mean=(0.0,) * 7, scale=(1.0,) * 7, threshold=0.4,
+                          calibration_tasks=("16", "17"))
+    head.save(tmp_path / "verdict" / "head")
+    loaded = bench.likelihood_head(str(tmp_path / "verdict"))
+    assert loaded.threshold == 0.4 and loaded.calibration_tasks == ("16", "17")
+    LikelihoodHead(**{**head.__dict__, "degenerate": True}).save(tmp_path / "bad")
+    with pytest.raises(ConfigError, match="degenerate"):
+        bench.likelihood_head(str(tmp_path / "bad"))
+    assert bench.likelihood_head(str(tmp_path / "bad"), threshold=0.9).degenerate
