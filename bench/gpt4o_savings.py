@@ -6,8 +6,8 @@ that step's tokens. The drafter drafts against the live airline environment rest
 point (the run's writes replayed, as `specagent mine` does), and a verdict accepts a prefix:
 a trained head (`--head`: a LoRA verdict head or a likelihood head, on the strong engine)
 and always the oracle (the `match` labeler against the recorded continuation), so that
-drafter quality and verifier quality can be told apart. Each run is followed to its end or to its first false accept (an
-approved step `match` rejects). The walk and its accounting: `specagent/eval/savings.py`.
+drafter quality and verifier quality can be told apart. Each run is followed to its end or
+to its first false accept (an approved step `match` rejects). The walk and its accounting: `specagent/eval/savings.py`.
 
 GPT-4o's tokenizer is not available: tokens are counted with the drafter's tokenizer, on each
 step's text plus its tool calls as JSON ({"name": ..., "arguments": ...}).
@@ -235,15 +235,14 @@ def likelihood_head(path: str, threshold: float | None = None) -> Any:
     """The likelihood head at ``path`` (its file, or a `specagent train verdict` dir holding it),
     refused if degenerate at its calibrated threshold (``threshold`` None); None where there is
     none (a LoRA head)."""
-    from specagent.engines.likelihood_head import HEAD_FILE, LikelihoodHead
+    from specagent.engines.likelihood_head import LikelihoodHead
     from specagent.runtime.assembly import check_likelihood_head
 
-    where = Path(path)
-    if not any(c.is_file() for c in (where / HEAD_FILE, where / "head" / HEAD_FILE)) and where.name != HEAD_FILE:
+    if LikelihoodHead.find(path) is None:
         return None
-    head = LikelihoodHead.load(where)
+    head = LikelihoodHead.load(path)
     if threshold is None:
-        check_likelihood_head(head, where)
+        check_likelihood_head(head, Path(path))
     return head
 
 

@@ -89,17 +89,22 @@ class LikelihoodHead:
         path.write_text(json.dumps(asdict(self), indent=2))
         return path
 
+    @staticmethod
+    def find(path: str | Path) -> Path | None:
+        """Its file at ``path``: the file itself, or in a dir holding it (a training output dir, or
+        its `head/`); None where there is none."""
+        path = Path(path)
+        return next((c for c in (path, path / HEAD_FILE, path / "head" / HEAD_FILE) if c.is_file()), None)
+
     @classmethod
     def load(cls, path: str | Path) -> "LikelihoodHead":
         """From its file, or a dir holding it (a training output dir, or its `head/`)."""
         path = Path(path)
-        for candidate in (path, path / HEAD_FILE, path / "head" / HEAD_FILE):
-            if candidate.is_file():
-                data = json.loads(candidate.read_text())
-                break
-        else:
+        found = cls.find(path)
+        if found is None:
             raise ConfigError(f"{path}: no likelihood head here (expected {HEAD_FILE}, from "
                               "`specagent train verdict` with kind likelihood)")
+        data = json.loads(found.read_text())
         if tuple(data.get("features", ())) != FEATURES:
             raise ConfigError(f"{path}: a likelihood head over other features ({data.get('features')}); "
                               f"this specagent reads {list(FEATURES)}: retrain it")

@@ -76,8 +76,8 @@ def offline_acceptance(engine: Any, data: HeldOut, progress: str | None = None,
         run = segment_stats(drafted)
         per_run[traj.id] = {"drafted": run["drafted_steps"], "accepted": run["accepted_steps"]}
         segments += drafted
-        if keep is not None:
-            keep += drafted
+    if keep is not None:
+        keep += segments
     figures = segment_stats(segments)
     out = {k: figures[k] for k in ("segments", "drafted_steps", "accepted_steps", "acceptance_rate",
                                    "mean_accepted_prefix", "ended_by", "by_position", "by_tool")}
