@@ -52,7 +52,7 @@ def held_out_runs(path: str, tools: str, tasks: Sequence[str], trials: Sequence[
 
 
 def build_engine(backend: str, model: str, gguf_file: str | None, adapters: dict[str, str], max_model_len: int,
-                 kv_cache_gib: float | None = None):
+                 kv_cache_gib: float | None = None, dtype: str = "float32"):
     if backend == "vllm":
         from specagent.engines.vllm_engine import VLLMEngine
 
@@ -63,7 +63,7 @@ def build_engine(backend: str, model: str, gguf_file: str | None, adapters: dict
                           engine_kwargs=kwargs)
     from specagent.engines.transformers_engine import TransformersEngine
 
-    return TransformersEngine(model, gguf_file=gguf_file, adapters=adapters, max_model_len=max_model_len)
+    return TransformersEngine(model, gguf_file=gguf_file, adapters=adapters, max_model_len=max_model_len, dtype=dtype)
 
 
 def token_counter(tokenizer: Any) -> Callable[[Message], int]:
@@ -134,9 +134,15 @@ def main() -> None:
     parser.add_argument("--head", default=None,
                         help="a verdict head: `specagent train verdict` kind head (its output or export) or kind "
                              "likelihood (its output dir)")
+    parser.add_argument("--verdicts", nargs="+", choices=["oracle", "head"], default=None,
+                        help="which walks to run (default: oracle, and head with --head)")
     parser.add_argument("--strong", default=None, help="the head's base model (default: its verdict.json base_model)")
     parser.add_argument("--threshold", type=float, default=None, help="the head's threshold (default: calibrated)")
     parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
+    parser.add_argument("--head-backend", choices=["vllm", "transformers"], default=None,
+                        help="the head's engine (default: --backend). A likelihood head scored on transformers "
+                             "(logits at the drafted tokens only) skips vLLM's prompt_logprobs over every position")
+    parser.add_argument("--head-dtype", default="float32", help="the head's transformers engine dtype (as trained)")
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--kv-cache-gib", type=float, default=None,
                         help="vLLM's KV cache (default: the engine's CPU default); every run's context side by side "
@@ -147,6 +153,9 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench/gpt4o_savings.json")
     args = parser.parse_args()
 
+    walks = args.verdicts or ["oracle", *(["head"] if args.head else [])]
+    if "head" in walks and not args.head:
+        raise SystemExit("--verdicts head needs --head")
     runs = held_out_runs(args.runs, args.tools, args.tasks, args.trials, args.limit)
     if not runs:
         raise SystemExit(f"{args.runs}: no runs of tasks {args.tasks} (trials {args.trials})")
@@ -161,13 +170,15 @@ def main() -> None:
     draft = live_drafter(drafter, env, args, DRAFTER if drafter_lora else None)
     report: dict[str, Any] = {
         "command": " ".join(sys.argv), "git_sha": versions().get("git_sha"), "backend": args.backend,
+        "head_backend": args.head_backend or args.backend,
         "drafter": args.drafter, "adapter": drafter_lora, "head": args.head, "runs": [r.id for r in runs],
         "tokenizer": f"the drafter's ({args.drafter}); GPT-4o's own is not available",
         "settings": {"max_draft_steps": args.max_draft_steps, "max_tokens": args.max_tokens, "window": args.window},
     }
     try:
-        verdicts = {"oracle": None, **({"head": verifier} if verifier else {})}
-        for name, verify in verdicts.items():
+        verdicts = {"oracle": None, "head": verifier}
+        for name in walks:
+            verify = verdicts[name]
             began = time.perf_counter()
             results = simulate(runs, draft, verify, count, read_only, args.window)
             summary = totals(results)
@@ -207,14 +218,16 @@ def open_engines(args: argparse.Namespace, drafter_lora: str | None) -> tuple[li
     if not strong:
         raise SystemExit(f"{args.head}: the head names no base model; pass --strong")
     head_adapters = {HEAD: str(head_dir)} if head_dir else {}
-    if strong == args.drafter:
+    head_backend = args.head_backend or args.backend
+    if strong == args.drafter and head_backend == args.backend:
         engine = build_engine(args.backend, strong, args.gguf_file, {**drafter_adapters, **head_adapters},
                               args.max_model_len, args.kv_cache_gib)
         engines = [engine]
     else:
         drafter = build_engine(args.backend, args.drafter, args.gguf_file, drafter_adapters, args.max_model_len,
                                args.kv_cache_gib)
-        engine = build_engine(args.backend, strong, None, head_adapters, args.max_model_len, args.kv_cache_gib)
+        engine = build_engine(head_backend, strong, None, head_adapters, args.max_model_len, args.kv_cache_gib,
+                              args.head_dtype)
         engines = [drafter, engine]
     if likelihood is not None:
         from specagent.engines.verdict_likelihood import LikelihoodVerifier

@@ -856,6 +856,12 @@ class VerdictTrainConfig(Strict):
     # `verdict` dir (every split) whose rows alone choose the threshold, e.g. the drafter's drafts
     # on the strong model's runs of a calibration split; None: `dataset`'s validation split
     calibration: Optional[str] = None
+    # likelihood: a third mined `verdict` dir (every split) of tasks neither fit nor calibration saw,
+    # scored once the threshold is fixed: the head's held-out figures (`evaluation` in metrics.json)
+    evaluation: Optional[str] = None
+    # likelihood: only rows of these label sources, in every split (e.g. [match]: the strong
+    # model's own `reference` segments left out); None: every row
+    label_sources: Optional[list[Literal["match", "judge", "rollout", "reference"]]] = Field(None, min_length=1)
     scorer: Optional[EngineConfig] = None  # likelihood: the engine that scores rows (None: transformers on `model`)
     l2: float = Field(1e-3, ge=0.0)  # likelihood: the logistic fit's L2 penalty
     allow_degenerate: bool = False  # likelihood: save a head that accepts or rejects nearly every step, exit 0

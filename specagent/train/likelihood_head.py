@@ -10,6 +10,10 @@ token probabilities (`engines/likelihood_head.py`), the strong model's weights u
    split; else the dataset's validation split) for ``target_false_accept``; the same rows give
    the figures at that threshold, at a sweep of thresholds, and of the untrained rule (the
    likelihood verdict at 1.0: greedy steps only) beside it.
+   With ``evaluation`` (a third mined dir, of tasks neither step saw), its rows are scored once
+   the threshold is fixed and give the head's held-out figures (`evaluation` in metrics.json).
+   ``label_sources`` keeps only rows of those label sources (e.g. drafts without the strong
+   model's reference segments).
 4. A head that accepts or rejects nearly every calibration step is degenerate: the command
    fails with its figures and saves no head, unless ``allow_degenerate`` (then it is saved,
    flagged, and the runtime serves it only at a threshold given explicitly).
@@ -84,17 +88,26 @@ def build_scorer(cfg: VerdictTrainConfig) -> Any:
     return build_engine(scorer)
 
 
+def every_split(path: str, key: str) -> Any:
+    """Every row of the mined `verdict` dataset at ``path`` (config key ``key``), all splits."""
+    from datasets import concatenate_datasets, load_from_disk
+
+    try:
+        data = load_from_disk(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{key}: no dataset at {path} (a `specagent mine` output's `verdict/` dir)") from None
+    return concatenate_datasets([data[split] for split in data])
+
+
+def of_sources(rows: Any, sources: Sequence[str] | None) -> Any:
+    """The rows whose label source is one of ``sources`` (all rows when None)."""
+    return rows if sources is None else rows.filter(lambda row: row["label_source"] in sources)
+
+
 def calibration_rows(cfg: VerdictTrainConfig) -> tuple[Any, str]:
     """The rows that choose the threshold, and where they came from."""
     if cfg.calibration:
-        from datasets import concatenate_datasets, load_from_disk
-
-        try:
-            data = load_from_disk(cfg.calibration)
-        except FileNotFoundError:
-            raise ConfigError(f"calibration: no dataset at {cfg.calibration} (a `specagent mine` output's "
-                              "`verdict/` dir)") from None
-        return concatenate_datasets([data[split] for split in data]), cfg.calibration
+        return every_split(cfg.calibration, "calibration"), cfg.calibration
     _, validation = load_splits(cfg.dataset, None)
     if validation is None or len(validation) == 0:
         raise ConfigError(f"dataset: {cfg.dataset} has no validation split and no `calibration` dir is set: a "
@@ -102,14 +115,25 @@ def calibration_rows(cfg: VerdictTrainConfig) -> tuple[Any, str]:
     return validation, f"{cfg.dataset} (validation)"
 
 
+def tasks_of(rows: Any) -> set[str]:
+    return {str(t) for t in rows["task_id"]}
+
+
 def train_likelihood_head(cfg: VerdictTrainConfig, engine: Any = None) -> dict[str, Any]:
     check_output_dir(cfg.output_dir, "output_dir")
     train, _ = load_splits(cfg.dataset, cfg.limit)
     calibration, source = calibration_rows(cfg)
-    shared = sorted({str(t) for t in train["task_id"]} & {str(t) for t in calibration["task_id"]})
+    train, calibration = of_sources(train, cfg.label_sources), of_sources(calibration, cfg.label_sources)
+    shared = sorted(tasks_of(train) & tasks_of(calibration))
     if shared:
         raise ConfigError(f"calibration: {len(shared)} of its tasks are training tasks ({', '.join(shared[:5])}): "
                           "calibrate on tasks the head was not fit on")
+    evaluation = of_sources(every_split(cfg.evaluation, "evaluation"), cfg.label_sources) if cfg.evaluation else None
+    if evaluation is not None:
+        seen = sorted(tasks_of(evaluation) & (tasks_of(train) | tasks_of(calibration)))
+        if seen:
+            raise ConfigError(f"evaluation: {len(seen)} of its tasks were fit or calibrated on ({', '.join(seen[:5])}): "
+                              "evaluate on held-out tasks")
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_run_info(cfg.output_dir, cfg)
@@ -118,6 +142,7 @@ def train_likelihood_head(cfg: VerdictTrainConfig, engine: Any = None) -> dict[s
     try:
         train_entries, train_labels, train_tasks = score_rows(engine, train, cfg.max_length, "training")
         cal_entries, cal_labels, cal_tasks = score_rows(engine, calibration, cfg.max_length, "calibration")
+        held_out = score_rows(engine, evaluation, cfg.max_length, "evaluation") if evaluation is not None else None
     finally:
         if owned:
             getattr(engine, "close", lambda: None)()
@@ -147,17 +172,32 @@ def train_likelihood_head(cfg: VerdictTrainConfig, engine: Any = None) -> dict[s
         "greedy_rule": head_metrics(greedy, cal_labels, GREEDY),
         "sweep": [head_metrics(cal_scores, cal_labels, t) for t in SWEEP],
     }
+    scored = [("calibration", cal_tasks, cal_entries, cal_labels, cal_scores)]
+    if held_out is not None:  # the threshold is fixed: these rows only measure it
+        entries, labels, tasks = held_out
+        scores = [[unfit.score(own) for own in steps] for steps in entries]
+        metrics["evaluation"] = {"source": cfg.evaluation, "tasks": sorted(set(tasks)), "segments": len(entries),
+                                 **head_metrics(scores, labels, threshold),
+                                 "greedy_rule": head_metrics([[greedy_score(own) for own in steps] for steps in entries],
+                                                             labels, GREEDY),
+                                 "sweep": [head_metrics(scores, labels, t) for t in SWEEP]}
+        scored.append(("evaluation", tasks, entries, labels, scores))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     with open(out / "features.jsonl", "w") as f:
-        for task, steps, labels, scores in zip(cal_tasks, cal_entries, cal_labels, cal_scores):
-            for own, label, score in zip(steps, labels, scores):
-                f.write(json.dumps({"split": "calibration", "task_id": task, "label": label, "score": score,
-                                    "features": step_features(own)}) + "\n")
+        for split, split_tasks, split_entries, split_labels, split_scores in scored:
+            for task, steps, labels, scores in zip(split_tasks, split_entries, split_labels, split_scores):
+                for own, label, score in zip(steps, labels, scores):
+                    f.write(json.dumps({"split": split, "task_id": task, "label": label, "score": score,
+                                        "features": step_features(own)}) + "\n")
     print(f"likelihood head: {out / 'head'}   metrics: {out / 'metrics.json'}   ({len(flat_labels)} training steps)")
     print("calibration (" + source + "): " + "  ".join(
         f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in calibrated.items()))
     print("greedy rule on the same rows: " + "  ".join(
         f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics["greedy_rule"].items()))
+    if "evaluation" in metrics:
+        print(f"evaluation ({cfg.evaluation}, at the calibrated threshold): " + "  ".join(
+            f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics["evaluation"].items()
+            if k not in ("source", "tasks", "sweep", "greedy_rule")))
     if not head.degenerate or cfg.allow_degenerate:
         head.save(out / "head")  # what the pipeline's stage and the runtime look for
         return metrics

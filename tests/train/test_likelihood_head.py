@@ -156,3 +156,62 @@ def test_the_runtime_refuses_a_degenerate_head_and_an_eval_of_its_calibration_ta
         plan_models(spec(tmp_path / "bad"), ("specagent",))
     at = spec(tmp_path / "bad")  # at a threshold the user chose, the calibrated one is not used
     plan_models(at.model_copy(update={"verifier": at.verifier.model_copy(update={"threshold": 0.5})}), ("specagent",))
+
+
+def relabeled(mined, out, task_prefix: str = "", reference_every: int = 0):
+    """A copy of the mined verdict dataset, every task id prefixed (tasks no other split has), and
+    every ``reference_every``-th training row marked as the strong model's reference segment."""
+    from datasets import DatasetDict, load_from_disk
+
+    data = load_from_disk(str(mined / "verdict"))
+
+    def edit(row, i):
+        source = "reference" if reference_every and i % reference_every == 0 else row["label_source"]
+        return {"task_id": task_prefix + str(row["task_id"]), "label_source": source}
+
+    DatasetDict({name: split.map(edit, with_indices=True) for name, split in data.items()}).save_to_disk(str(out))
+    return out
+
+
+def test_held_out_rows_are_scored_at_the_fixed_threshold_and_must_be_unseen_tasks(mined, tiny_engine, tmp_path):
+    """`evaluation` rows only measure the head: the same rows as its calibration, under other task
+    ids, give the calibration's figures exactly; rows of a training or calibration task are refused."""
+    import json
+
+    from specagent.train.likelihood_head import train_likelihood_head
+
+    held_out = relabeled(mined, tmp_path / "held-out", task_prefix="held-out-")
+    from datasets import DatasetDict, load_from_disk
+
+    validation_only = tmp_path / "held-out-validation"
+    DatasetDict({"train": load_from_disk(str(held_out))["validation"]}).save_to_disk(str(validation_only))
+    metrics = train_likelihood_head(train_cfg(mined, tmp_path / "head", "allow_degenerate=true",
+                                              f"evaluation={validation_only}"), engine=tiny_engine)
+    held, calibrated = metrics["evaluation"], metrics["calibrated"]
+    assert all(t.startswith("held-out-") for t in held["tasks"])
+    for key in ("auroc", "false_accept_rate", "false_reject_rate", "accept_rate", "prefix_accuracy"):
+        assert held[key] == calibrated[key], key
+    assert held["threshold"] == metrics["threshold"] and len(held["sweep"]) == len(metrics["sweep"])
+    splits = [json.loads(line)["split"] for line in (tmp_path / "head" / "features.jsonl").read_text().splitlines()]
+    assert splits.count("evaluation") == splits.count("calibration") > 0
+
+    with pytest.raises(ConfigError, match="fit or calibrated on"):
+        train_likelihood_head(train_cfg(mined, tmp_path / "seen", f"evaluation={mined / 'verdict'}"),
+                              engine=tiny_engine)
+
+
+def test_label_sources_leave_reference_rows_out_of_every_split(mined, tiny_engine, tmp_path):
+    from datasets import load_from_disk
+
+    from specagent.train.likelihood_head import train_likelihood_head
+
+    marked = relabeled(mined, tmp_path / "marked", reference_every=3)
+    train = load_from_disk(str(marked))["train"]
+    references = sum(1 for s in train["label_source"] if s == "reference")
+    assert 0 < references < len(train)
+    everything = train_likelihood_head(train_cfg(mined, tmp_path / "all", "allow_degenerate=true",
+                                                 f"dataset={marked}"), engine=tiny_engine)
+    drafts = train_likelihood_head(train_cfg(mined, tmp_path / "drafts", "allow_degenerate=true", f"dataset={marked}",
+                                             "label_sources=[match]"), engine=tiny_engine)
+    assert everything["training_segments"] == len(train)
+    assert drafts["training_segments"] == len(train) - references
