@@ -14,6 +14,13 @@ step's text plus its tool calls as JSON ({"name": ..., "arguments": ...}).
 
     python bench/gpt4o_savings.py --adapter runs/airline/train/drafter-smollm2 \\
         [--head runs/airline/export/verdict] [--trials 0 1] [--limit 1] [--backend vllm]
+    python bench/gpt4o_savings.py --drafter runs/airline/export/drafter-whole-runs/merged \\
+        --head runs/airline/train/verdict-likelihood --verdicts head \\
+        --head-backend transformers --head-dtype bfloat16 --kv-cache-gib 6
+
+`--verdicts` picks the walks (default: oracle, and head with `--head`); `--head-backend
+transformers` scores a likelihood head with logits at the drafted tokens only, where vLLM's
+`prompt_logprobs` computes every prompt position.
 
 Writes `--out` (JSON: per-run rows and totals per verdict, the command, the git SHA).
 """
