@@ -115,6 +115,19 @@ def calibration_rows(cfg: VerdictTrainConfig) -> tuple[Any, str]:
     return validation, f"{cfg.dataset} (validation)"
 
 
+def rule_and_sweep(entries: Sequence[Any], labels: Sequence[Sequence[int]],
+                   scores: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """Beside a head's figures on some rows: the untrained rule (greedy steps only) on the same
+    rows, and the head at a sweep of thresholds."""
+    greedy = [[greedy_score(own) for own in steps] for steps in entries]
+    return {"greedy_rule": head_metrics(greedy, labels, GREEDY),
+            "sweep": [head_metrics(scores, labels, t) for t in SWEEP]}
+
+
+def line(figures: dict[str, Any]) -> str:
+    return "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items())
+
+
 def tasks_of(rows: Any) -> set[str]:
     return {str(t) for t in rows["task_id"]}
 
@@ -159,7 +172,6 @@ def train_likelihood_head(cfg: VerdictTrainConfig, engine: Any = None) -> dict[s
     calibrated = head_metrics(cal_scores, cal_labels, threshold)
     head = replace(unfit, threshold=threshold, calibration_tasks=tuple(sorted(set(cal_tasks))),
                    degenerate=bool(calibrated["degenerate"]), target_false_accept=cfg.target_false_accept)
-    greedy = [[greedy_score(own) for own in steps] for steps in cal_entries]
     train_scores = [[unfit.score(own) for own in steps] for steps in train_entries]
     metrics = {
         "kind": "likelihood", "features": list(FEATURES), "weights": list(weights), "bias": bias,
@@ -169,18 +181,15 @@ def train_likelihood_head(cfg: VerdictTrainConfig, engine: Any = None) -> dict[s
         "training_valid_share": sum(flat_labels) / len(flat_labels),
         "calibrated": calibrated, "degenerate": calibrated["degenerate"],
         "on_training_rows": head_metrics(train_scores, train_labels, threshold),
-        "greedy_rule": head_metrics(greedy, cal_labels, GREEDY),
-        "sweep": [head_metrics(cal_scores, cal_labels, t) for t in SWEEP],
+        **rule_and_sweep(cal_entries, cal_labels, cal_scores),
     }
     scored = [("calibration", cal_tasks, cal_entries, cal_labels, cal_scores)]
     if held_out is not None:  # the threshold is fixed: these rows only measure it
         entries, labels, tasks = held_out
         scores = [[unfit.score(own) for own in steps] for steps in entries]
+        at_threshold = head_metrics(scores, labels, threshold)
         metrics["evaluation"] = {"source": cfg.evaluation, "tasks": sorted(set(tasks)), "segments": len(entries),
-                                 **head_metrics(scores, labels, threshold),
-                                 "greedy_rule": head_metrics([[greedy_score(own) for own in steps] for steps in entries],
-                                                             labels, GREEDY),
-                                 "sweep": [head_metrics(scores, labels, t) for t in SWEEP]}
+                                 **at_threshold, **rule_and_sweep(entries, labels, scores)}
         scored.append(("evaluation", tasks, entries, labels, scores))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     with open(out / "features.jsonl", "w") as f:
@@ -190,14 +199,10 @@ def train_likelihood_head(cfg: VerdictTrainConfig, engine: Any = None) -> dict[s
                     f.write(json.dumps({"split": split, "task_id": task, "label": label, "score": score,
                                         "features": step_features(own)}) + "\n")
     print(f"likelihood head: {out / 'head'}   metrics: {out / 'metrics.json'}   ({len(flat_labels)} training steps)")
-    print("calibration (" + source + "): " + "  ".join(
-        f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in calibrated.items()))
-    print("greedy rule on the same rows: " + "  ".join(
-        f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics["greedy_rule"].items()))
-    if "evaluation" in metrics:
-        print(f"evaluation ({cfg.evaluation}, at the calibrated threshold): " + "  ".join(
-            f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics["evaluation"].items()
-            if k not in ("source", "tasks", "sweep", "greedy_rule")))
+    print(f"calibration ({source}): {line(calibrated)}")
+    print(f"greedy rule on the same rows: {line(metrics['greedy_rule'])}")
+    if held_out is not None:
+        print(f"evaluation ({cfg.evaluation}, at the calibrated threshold): {line(at_threshold)}")
     if not head.degenerate or cfg.allow_degenerate:
         head.save(out / "head")  # what the pipeline's stage and the runtime look for
         return metrics

@@ -160,7 +160,7 @@ def test_the_runtime_refuses_a_degenerate_head_and_an_eval_of_its_calibration_ta
 
 def relabeled(mined, out, task_prefix: str = "", reference_every: int = 0):
     """A copy of the mined verdict dataset, every task id prefixed (tasks no other split has), and
-    every ``reference_every``-th training row marked as the strong model's reference segment."""
+    every ``reference_every``-th row of each split marked as the strong model's reference segment."""
     from datasets import DatasetDict, load_from_disk
 
     data = load_from_disk(str(mined / "verdict"))
@@ -178,11 +178,11 @@ def test_held_out_rows_are_scored_at_the_fixed_threshold_and_must_be_unseen_task
     ids, give the calibration's figures exactly; rows of a training or calibration task are refused."""
     import json
 
+    from datasets import DatasetDict, load_from_disk
+
     from specagent.train.likelihood_head import train_likelihood_head
 
     held_out = relabeled(mined, tmp_path / "held-out", task_prefix="held-out-")
-    from datasets import DatasetDict, load_from_disk
-
     validation_only = tmp_path / "held-out-validation"
     DatasetDict({"train": load_from_disk(str(held_out))["validation"]}).save_to_disk(str(validation_only))
     metrics = train_likelihood_head(train_cfg(mined, tmp_path / "head", "allow_degenerate=true",
