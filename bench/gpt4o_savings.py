@@ -171,7 +171,7 @@ def main() -> None:
     drafter_lora = adapter_dir(args.adapter) if args.adapter else None
     if args.adapter and drafter_lora is None:
         raise SystemExit(f"{args.adapter}: no adapter there (train one with `specagent train drafter`)")
-    engines, verifier = open_engines(args, drafter_lora)
+    engines, verifier = open_engines(args, drafter_lora, with_head="head" in walks)
     drafter = engines[0]
     count = token_counter(drafter.tokenizer)
     draft = live_drafter(drafter, env, args, DRAFTER if drafter_lora else None)
@@ -200,13 +200,13 @@ def main() -> None:
     print(args.out)
 
 
-def open_engines(args: argparse.Namespace, drafter_lora: str | None) -> tuple[list[Any], Any]:
-    """The drafter's engine, and with ``--head`` the head's verifier on the strong engine (the
-    drafter's engine when both are the same model: one engine, two adapters). A head is either
+def open_engines(args: argparse.Namespace, drafter_lora: str | None, with_head: bool = True) -> tuple[list[Any], Any]:
+    """The drafter's engine, and with ``--head`` (when its walk runs) the head's verifier on the
+    strong engine (the drafter's engine when both are the same model: one engine, two adapters). A head is either
     a LoRA verdict head (`kind: head`) or a likelihood head (`kind: likelihood`: the strong
     model's base weights score the drafted tokens, a logistic model reads them)."""
     drafter_adapters = {DRAFTER: drafter_lora} if drafter_lora else {}
-    if not args.head:
+    if not (with_head and args.head):
         return [build_engine(args.backend, args.drafter, args.gguf_file, drafter_adapters, args.max_model_len,
                              args.kv_cache_gib)], None
     likelihood = likelihood_head(args.head, args.threshold)
