@@ -145,8 +145,8 @@ def train_likelihood_head(cfg: VerdictTrainConfig, engine: Any = None) -> dict[s
     if evaluation is not None:
         seen = sorted(tasks_of(evaluation) & (tasks_of(train) | tasks_of(calibration)))
         if seen:
-            raise ConfigError(f"evaluation: {len(seen)} of its tasks were fit or calibrated on ({', '.join(seen[:5])}): "
-                              "evaluate on held-out tasks")
+            raise ConfigError(f"evaluation: {len(seen)} of its tasks were fit or calibrated on "
+                              f"({', '.join(seen[:5])}): evaluate on held-out tasks")
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_run_info(cfg.output_dir, cfg)
