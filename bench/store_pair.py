@@ -46,7 +46,8 @@ def held_out(args: argparse.Namespace) -> HeldOut:
     """S's trajectories at evenly spaced cut points, drafted in the live store restored to each."""
     trajectories = read_trajectories(args.trajectories)[: args.limit]
     mine = MineConfig(trajectories=args.trajectories, env=EnvConfig(name="store", split=args.split, user=args.user),
-                      protocol=ProtocolSettings(max_draft_steps=args.max_draft_steps, max_tokens=args.max_tokens),
+                      protocol=ProtocolSettings(max_draft_steps=args.max_draft_steps, max_tokens=args.max_tokens,
+                                                draft_stop_below=args.draft_stop_below),
                       max_cuts_per_trajectory=args.cuts)
     settings = draft_settings(mine, drafter_adapter=None)
     jobs_for, _ = drafting_environment(mine, trajectories, settings)
@@ -97,6 +98,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="the first N trajectories")
     parser.add_argument("--cuts", type=int, default=None, help="evenly spaced cut points per trajectory (default all)")
     parser.add_argument("--max-draft-steps", type=int, default=4)
+    parser.add_argument("--draft-stop-below", type=float, default=0.0,
+                        help="the runtime's stop rule: a step is left unfinished (not counted as drafted) at its "
+                             "first token below this probability (protocol.draft_stop_below; 0: never)")
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
@@ -111,15 +115,16 @@ def main() -> None:
     results = {name: measure(name, model, data, args, acceptance)
                for name, model, acceptance in (("base", args.base, True), ("tuned", args.drafter, True),
                                                ("strong", args.strong, False)) if name in args.models}
-    summary = {f"acceptance_{name}": results[name]["acceptance"]["acceptance_rate"]
-               for name in ("base", "tuned") if name in results}
+    summary = {f"{key}_{name}": results[name]["acceptance"][figure] for name in ("base", "tuned") if name in results
+               for key, figure in (("acceptance", "acceptance_rate"), ("mean_accepted_prefix", "mean_accepted_prefix"))}
     if "tuned" in results and "strong" in results:
         tuned, strong = results["tuned"], results["strong"]
         summary["weight_bytes_ratio"] = tuned["weight_bytes"] / strong["weight_bytes"]
         summary["decode_speed_ratio"] = (tuned["decode"]["tokens_per_s"] / strong["decode"]["tokens_per_s"]
                                          if tuned["decode"]["tokens_per_s"] and strong["decode"]["tokens_per_s"] else None)
     report = {"command": " ".join(sys.argv), "git_sha": versions().get("git_sha"), "backend": args.backend,
-              "trajectories": len(data.trajectories), "cuts": args.cuts, **results, "summary": summary}
+              "trajectories": len(data.trajectories), "cuts": args.cuts, "max_draft_steps": args.max_draft_steps,
+              "draft_stop_below": args.draft_stop_below, **results, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(json.dumps(summary, indent=2))

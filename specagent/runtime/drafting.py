@@ -34,6 +34,7 @@ class DraftSettings:
     window: int = 4
     max_draft_steps: int = 4
     max_tokens: int = 192
+    draft_stop_below: float = 0.0  # the runtime's stop rule (ProtocolSettings.draft_stop_below)
     drafter_adapter: str | None = None
     read_only: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
@@ -156,7 +157,7 @@ def draft_trajectories(
         first = trajs[members[0]]
         read_only = classify_tools(first.tools, settings.read_only, settings.write, strict=False)
         drafted = draft_batch(drafter, jobs, first.tools, read_only, settings.max_tokens,
-                              settings.drafter_adapter, on_usage)
+                              settings.drafter_adapter, on_usage, settings.draft_stop_below)
         for n, seg in zip(owners, drafted):
             segments_of[n].append(seg)
     return [label_trajectory(traj, cuts, segs, settings, stats, strong, restore_for) if cuts else []
@@ -297,7 +298,8 @@ def draft_settings(cfg: Any, **overrides: Any) -> DraftSettings:
     """The DRAFT and labeling rules of a mine config (`MineConfig`), as mining applies them."""
     settings = DraftSettings(
         labelers=tuple(cfg.labelers), window=cfg.window, max_draft_steps=cfg.protocol.max_draft_steps,
-        max_tokens=cfg.protocol.max_tokens, drafter_adapter=cfg.drafter_adapter, max_cuts=cfg.max_cuts_per_trajectory,
+        max_tokens=cfg.protocol.max_tokens, draft_stop_below=cfg.protocol.draft_stop_below,
+        drafter_adapter=cfg.drafter_adapter, max_cuts=cfg.max_cuts_per_trajectory,
         rollout_steps=cfg.rollout_steps, reference_segments=cfg.reference_segments,
         batch_trajectories=cfg.batch_trajectories, read_only=tuple(cfg.env.read_only), write=tuple(cfg.env.write),
     )

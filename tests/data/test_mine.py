@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -288,3 +289,44 @@ def test_a_drafter_adapter_given_by_path_is_registered_on_the_drafter_engine(tmp
     assert name == "drafter" and engine.adapters == {"drafter": str(tmp_path / "run" / "adapter")}
     named = MineConfig(trajectories="t.jsonl", drafter={"adapters": {"mine": "x"}}, drafter_adapter="mine")
     assert drafter_engine(named) == (named.drafter, "mine")
+
+
+class UnsureOfReplies(ScriptedEngine):
+    """The expert, except that it is unsure of every reply it starts when asked to stop there."""
+
+    def __init__(self):
+        super().__init__(expert_policy(StoreEnv()))
+        self.stop_below: set[float] = set()
+
+    def chat(self, requests):
+        out = super().chat(requests)
+        self.stop_below |= {r.stop_below for r in requests}
+        return [replace(c, text=c.text[:5], finish_reason="unsure") if r.stop_below and not c.message.tool_calls
+                else c for r, c in zip(requests, out)]
+
+
+@pytest.mark.parametrize("stop_below", [0.0, 0.3])
+def test_mining_drafts_under_the_runtimes_stop_rule(store_trajectories, tmp_path, stop_below):
+    """A mine config's protocol.draft_stop_below reaches the drafter as the runtime sends it: an
+    unfinished step ends the draft and is not a drafted step (offline acceptance counts what the
+    runtime would draft)."""
+    from specagent.config import EnvConfig, MineConfig, ProtocolSettings
+    from specagent.runtime.drafting import draft_settings
+
+    mine = MineConfig(trajectories="unused.jsonl", env=EnvConfig(name="store"),
+                      protocol=ProtocolSettings(max_draft_steps=4, draft_stop_below=stop_below))
+    settings = draft_settings(mine, drafter_adapter=None)
+    assert settings.draft_stop_below == stop_below
+    drafter = UnsureOfReplies()
+    path, _ = mine_shard(store_trajectories, drafter, store_jobs(settings), settings, tmp_path)
+    import json
+
+    segments = [s for line in path.read_text().splitlines() for s in json.loads(line)["segments"]]
+    assert drafter.stop_below == {stop_below}
+    unsure = [s for s in segments if s["ended_by"] == "unsure"]
+    replies = [s for s in segments if s["steps"] and s["steps"][-1]["kind"] == "reply"]
+    if stop_below:
+        assert unsure and not replies  # every reply was left unfinished: none is a drafted step
+    else:
+        assert replies and not unsure
+    assert segment_stats(segments)["drafted_steps"] == sum(len(s["steps"]) for s in segments)
