@@ -45,7 +45,8 @@ def build_engine(backend: str, model: str, max_model_len: int):
 def held_out(args: argparse.Namespace) -> HeldOut:
     """S's trajectories at evenly spaced cut points, drafted in the live store restored to each."""
     trajectories = read_trajectories(args.trajectories)[: args.limit]
-    mine = MineConfig(trajectories=args.trajectories, env=EnvConfig(name="store", split=args.split, user=args.user),
+    mine = MineConfig(trajectories=args.trajectories, env=EnvConfig(name="store", split=args.split, user=args.user,
+                                                                per_kind=args.per_kind),
                       protocol=ProtocolSettings(max_draft_steps=args.max_draft_steps, max_tokens=args.max_tokens,
                                                 draft_stop_below=args.draft_stop_below),
                       max_cuts_per_trajectory=args.cuts)
@@ -95,6 +96,8 @@ def main() -> None:
     parser.add_argument("--base", default="smollm2", help="the base weak model W")
     parser.add_argument("--split", default="eval")
     parser.add_argument("--user", choices=["ticket", "multi_turn"], default="ticket")
+    parser.add_argument("--per-kind", type=int, default=None,
+                        help="the split's generated tasks per kind, as the trajectories were collected (env.per_kind)")
     parser.add_argument("--limit", type=int, default=None, help="the first N trajectories")
     parser.add_argument("--cuts", type=int, default=None, help="evenly spaced cut points per trajectory (default all)")
     parser.add_argument("--max-draft-steps", type=int, default=4)
