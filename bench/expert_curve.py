@@ -52,9 +52,21 @@ def success_at(step: int, source: Path, out: Path, task_ids: list[str], args: ar
     if not (evaluation / "report.json").is_file():
         specagent("eval", "-c", args.config, f"strong.model={weights}", "arms=[{name: strong, mode: strong}]",
                   f"env.task_ids={json.dumps(task_ids)}", f"env.user={args.user}", f"output_dir={evaluation}",
-                  f"concurrency={args.concurrency}")
+                  f"concurrency={args.concurrency}", *([f"env.per_kind={args.per_kind}"] if args.per_kind else []))
     report = json.loads((evaluation / "report.json").read_text())
     return {"step": step, **report["arms"]["strong"]["success"], "git_sha": (report.get("versions") or {}).get("git_sha")}
+
+
+def eval_tasks(args: argparse.Namespace) -> list[str]:
+    """The eval split's tasks of the config's kinds (all of them when it names none), with
+    `--per-kind` generated ones of each kind."""
+    from specagent.config import EvalConfig, load_config
+    from specagent.envs.store import StoreEnv
+    from specagent.runtime.assembly import select_tasks
+
+    env = load_config(EvalConfig, args.config).env
+    env = env.model_copy(update={"split": "eval", "per_kind": args.per_kind, "task_ids": None, "limit": None})
+    return select_tasks(StoreEnv(split="eval", per_kind=args.per_kind), env)
 
 
 def plot(curves: list[tuple[str, list[dict]]], path: Path, title: str) -> None:
@@ -85,15 +97,15 @@ def main() -> None:
     parser.add_argument("--config", default="configs/eval/store_expert_vllm.yaml")
     parser.add_argument("--stride", type=int, default=3, help="every k-th task of the eval split")
     parser.add_argument("--user", choices=["ticket", "multi_turn"], default="ticket")
+    parser.add_argument("--per-kind", type=int, default=None,
+                        help="generated eval tasks per kind (env.per_kind); the config's env.kinds are kept")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--out", default="runs/bench/expert-curve")
     parser.add_argument("--overlay", action="append", default=[], metavar="CURVE_JSON",
                         help="another run's curve.json, drawn in the same plot (repeatable)")
     args = parser.parse_args()
 
-    from specagent.envs.store import StoreEnv
-
-    task_ids = StoreEnv(split="eval").task_ids()[:: args.stride]
+    task_ids = eval_tasks(args)[:: args.stride]
     out = Path(args.out) / args.user
     out.mkdir(parents=True, exist_ok=True)
     began, points = time.perf_counter(), []
