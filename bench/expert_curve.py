@@ -61,12 +61,11 @@ def eval_tasks(args: argparse.Namespace) -> list[str]:
     """The eval split's tasks of the config's kinds (all of them when it names none), with
     `--per-kind` generated ones of each kind."""
     from specagent.config import EvalConfig, load_config
-    from specagent.envs.store import StoreEnv
-    from specagent.runtime.assembly import select_tasks
+    from specagent.runtime.assembly import build_env, select_tasks
 
     env = load_config(EvalConfig, args.config).env
     env = env.model_copy(update={"split": "eval", "per_kind": args.per_kind, "task_ids": None, "limit": None})
-    return select_tasks(StoreEnv(split="eval", per_kind=args.per_kind), env)
+    return select_tasks(build_env(env), env)
 
 
 def plot(curves: list[tuple[str, list[dict]]], path: Path, title: str) -> None:
