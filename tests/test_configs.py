@@ -34,6 +34,7 @@ SERVE_CONFIGS = sorted((ROOT / "configs" / "serve").glob("*.yaml"))
 EVAL_CONFIGS = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
 QUICKSTART = ROOT / "configs" / "quickstart" / "pipeline.yaml"
 FULL = ROOT / "configs" / "quickstart" / "full.yaml"
+FULL_TICKET = ROOT / "configs" / "quickstart" / "full_ticket.yaml"
 MULTI_TURN = ROOT / "configs" / "quickstart" / "multi_turn.yaml"
 HEAD = ROOT / "configs" / "quickstart" / "head.yaml"
 QUICKSTART_STAGES = sorted((ROOT / "configs" / "quickstart").glob("*.yaml"))
@@ -83,32 +84,54 @@ def test_quickstart_pipeline_and_every_stage_config_validate():
 
     stages = load_config(PipelineConfig, QUICKSTART).stages
     plans = [stage_plan(stage, QUICKSTART.parent) for stage in stages]  # loads each stage's config
-    used = {QUICKSTART.parent / s.config for s in stages if s.config} | {QUICKSTART, FULL, MULTI_TURN, HEAD}
+    used = {QUICKSTART.parent / s.config for s in stages if s.config} | {QUICKSTART, FULL, FULL_TICKET, MULTI_TURN, HEAD}
     assert used == set(QUICKSTART_STAGES)
     assert [argv[0] for argv, _, _ in plans] == ["collect", "train", "export", "train", "export", "eval"]
 
 
-def test_the_full_quickstart_is_the_quickstart_then_the_lead_tables_recipe():
-    """`specagent quickstart --full`: the quickstart's stages unchanged, then S's own runs, the
-    drafter distilled from them, its export, the eval of the README's lead table, and the same
-    drafter quantized (export --quantize w8a8) with its eval."""
+def test_the_full_quickstart_is_the_multi_turn_recipe_without_its_first_drafter():
+    """`specagent quickstart --full`: the stages of configs/quickstart/multi_turn.yaml that build
+    the lead table's pair (S for both user modes, its drafter distilled from S's own runs, int8)
+    in the same order with the same configs, then the lead table's eval of that pair; the first
+    drafter (from demonstrations) and its eval are left out."""
     from specagent.cli import FULL_PIPELINE
     from specagent.quickstart import PipelineConfig, report_paths, stage_plan
 
     assert ROOT / FULL_PIPELINE == FULL
-    quick, full = load_config(PipelineConfig, QUICKSTART).stages, load_config(PipelineConfig, FULL).stages
+    full = load_config(PipelineConfig, FULL).stages
+    multi_turn = load_config(PipelineConfig, MULTI_TURN).stages
+    assert full[:-1] == multi_turn[:4] + multi_turn[7:11]
+    plans = [stage_plan(stage, FULL.parent) for stage in full]  # each stage's config validates
+    assert [argv[0] for argv, _, _ in plans] == ["collect", "collect", "train", "export", "collect", "collect",
+                                                 "train", "export", "eval"]
+    assert plans[7][0][-2:] == ["--quantize", "w8a8"]
+    latency = load_config(EvalConfig, FULL.parent / full[-1].config)
+    distilled = load_config(DrafterTrainConfig, FULL.parent / full[6].config)
+    assert latency.concurrency == 1 and latency.env.split == "eval" and latency.env.user == "ticket"
+    assert (latency.strong.model, latency.weak.model) == (distilled.model, f"{full[7].to}/model")
+    assert {arm.mode for arm in latency.arms} == {"strong", "weak", "specagent"}
+    assert [p.parent.name for p in report_paths(FULL)] == [Path(latency.output_dir).name]
+
+
+def test_the_ticket_full_recipe_is_the_quickstart_then_its_pairs_recipe():
+    """configs/quickstart/full_ticket.yaml (d85fa26's `--full`): the quickstart's stages unchanged, then S's own runs, the
+    drafter distilled from them, its export, the eval of the README's lead table, and the same
+    drafter quantized (export --quantize w8a8) with its eval."""
+    from specagent.quickstart import PipelineConfig, report_paths, stage_plan
+
+    quick, full = load_config(PipelineConfig, QUICKSTART).stages, load_config(PipelineConfig, FULL_TICKET).stages
     assert full[: len(quick)] == quick
-    plans = [stage_plan(stage, FULL.parent) for stage in full[len(quick):]]  # each stage's config validates
+    plans = [stage_plan(stage, FULL_TICKET.parent) for stage in full[len(quick):]]  # each stage's config validates
     assert [argv[:2] for argv, _, _ in plans] == [["collect", "-c"], ["train", "drafter"],
                                                   ["export", "runs/quickstart/train/drafter-on-policy"],
                                                   ["eval", "-c"],
                                                   ["export", "runs/quickstart/train/drafter-on-policy"],
                                                   ["eval", "-c"]]
     assert plans[-2][0][-2:] == ["--quantize", "w8a8"] and "--quantize" not in plans[2][0]
-    trained = load_config(DrafterTrainConfig, FULL.parent / full[len(quick) + 1].config)
-    collected = load_config(CollectConfig, FULL.parent / full[len(quick)].config)
+    trained = load_config(DrafterTrainConfig, FULL_TICKET.parent / full[len(quick) + 1].config)
+    collected = load_config(CollectConfig, FULL_TICKET.parent / full[len(quick)].config)
     assert trained.dataset == collected.output  # the drafter learns from S's runs of the collect stage
-    assert [p.parent.name for p in report_paths(FULL)] == ["eval", "eval-64-latency", "eval-64-w8a8"]
+    assert [p.parent.name for p in report_paths(FULL_TICKET)] == ["eval", "eval-64-latency", "eval-64-w8a8"]
 
 
 def test_the_multi_turn_recipe_trains_s_and_its_drafter_on_both_collected_user_modes():
