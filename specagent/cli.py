@@ -250,7 +250,7 @@ def _add_quickstart_args(parser: argparse.ArgumentParser) -> None:
                         help="the stages to run (default: configs/quickstart/pipeline.yaml)")
     parser.add_argument("--fresh", action="store_true", help="delete every stage's output first")
     parser.add_argument("--full", action="store_true",
-                        help=f"the recipe of the README's lead table ({FULL_PIPELINE}; ~2.2 h on a 2-core CPU with native bf16)")
+                        help=f"the recipe of the README's lead table ({FULL_PIPELINE}; ~2.6 h on a 2-core CPU with bf16, no AMX)")
 
 
 def _add_train_args(parser: argparse.ArgumentParser) -> None:
