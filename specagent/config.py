@@ -403,6 +403,9 @@ class MineConfig(Strict):
     labelers: list[Literal["match", "judge", "rollout"]] = Field(default_factory=lambda: ["match"], min_length=1)
     strong: Optional[EngineConfig] = None  # the strong model: `judge` and `rollout` labelers
     rollout_steps: int = Field(8, gt=0)  # strong steps per rollout
+    # rollouts run side by side (threads), the strong model's requests answered in batched calls:
+    # one rollout per drafted prefix and one baseline per segment, each a strong-model episode
+    rollout_concurrency: int = Field(16, gt=0)
     window: int = Field(4, gt=0)  # strong steps a drafted step may match (match labeler)
     validation_fraction: float = Field(0.2, ge=0.0, lt=1.0)  # of the groups (by a stable hash of the group)
     # explicit validation tasks (beats the fraction); every one must be a task of the trajectories

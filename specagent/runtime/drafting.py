@@ -21,7 +21,8 @@ from specagent.core.draft import DraftJob, draft_batch
 from specagent.core.interfaces import ChatEngine, Environment
 from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall, Trajectory, Usage
 from specagent.records.segments import DraftedStepRecord, SegmentRecord
-from specagent.runtime.labelers import judge_labels, match_labels, reference_steps, rollout_labels
+from specagent.runtime.labelers import RolloutJob, judge_labels, match_labels, reference_steps, rollout_labels_many
+from specagent.runtime.progress import progress
 
 # how a mining run makes the draft jobs of a trajectory's cut points, and restores a live env
 JobsFor = Callable[[Trajectory, Sequence[int]], list[DraftJob]]
@@ -41,6 +42,7 @@ class DraftSettings:
     judge_max_tokens: int = 8
     max_cuts: int | None = None
     rollout_steps: int = 8
+    rollout_concurrency: int = 1  # rollouts run side by side, their strong requests batched
     reference_segments: bool = False
     batch_trajectories: int = 1  # trajectories drafted together in one engine batch
 
@@ -160,8 +162,33 @@ def draft_trajectories(
                               settings.drafter_adapter, on_usage, settings.draft_stop_below)
         for n, seg in zip(owners, drafted):
             segments_of[n].append(seg)
-    return [label_trajectory(traj, cuts, segs, settings, stats, strong, restore_for) if cuts else []
-            for traj, cuts, segs in zip(trajs, cuts_of, segments_of)]
+    rollouts = (rollout_labels_of(trajs, cuts_of, segments_of, settings, stats, strong, restore_for)
+                if "rollout" in settings.labelers else [None] * len(trajs))
+    return [label_trajectory(traj, cuts, segs, settings, stats, strong, restore_for, rolled) if cuts else []
+            for traj, cuts, segs, rolled in zip(trajs, cuts_of, segments_of, rollouts)]
+
+
+def rollout_labels_of(trajs: Sequence[Trajectory], cuts_of: Sequence[Sequence[int]],
+                      segments_of: Sequence[Sequence[Segment]], settings: DraftSettings, stats: DraftStats,
+                      strong: ChatEngine | None, restore_for: RestoreFor | None) -> list[list[list[int]]]:
+    """`rollout` labels of every segment of the trajectories, their rollouts run together,
+    ``settings.rollout_concurrency`` side by side (`rollout_labels_many`)."""
+    if strong is None or restore_for is None:
+        raise ValueError("the rollout labeler needs the strong model and a live environment")
+    jobs = [RolloutJob(restore_for(traj, cut), traj.task_id, traj.messages[:cut], seg.steps)
+            for traj, cuts, segs in zip(trajs, cuts_of, segments_of) for cut, seg in zip(cuts, segs)]
+    start = time.perf_counter()
+    total = sum(len(job.steps) + 1 for job in jobs)
+    with progress(total=total, desc="rollouts", unit="ep", leave=False) as bar:
+        labeled = rollout_labels_many(jobs, strong, settings.rollout_steps, settings.max_tokens,
+                                      settings.rollout_concurrency, on_done=lambda: bar.update(1))
+    stats.seconds_in_engines += time.perf_counter() - start
+    stats.extra["rollouts"] = stats.extra.get("rollouts", 0) + total
+    out, i = [], 0
+    for segs in segments_of:
+        out.append([labels for labels, _ in labeled[i: i + len(segs)]])
+        i += len(segs)
+    return out
 
 
 def label_trajectory(
@@ -172,8 +199,10 @@ def label_trajectory(
     stats: DraftStats,
     strong: ChatEngine | None,
     restore_for: RestoreFor | None,
+    rollouts: list[list[int]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Labels of one trajectory's drafted segments by every configured labeler; the records."""
+    """Labels of one trajectory's drafted segments by every configured labeler; the records.
+    ``rollouts``: the segments' `rollout` labels when already computed (`rollout_labels_of`)."""
     read_only = classify_tools(traj.tools, settings.read_only, settings.write, strict=False)
     references = [reference_steps(traj.messages, cut) for cut in cuts]
     labels: dict[str, list[list[int]]] = {}
@@ -189,15 +218,8 @@ def label_trajectory(
         stats.seconds_in_engines += time.perf_counter() - start
         labels["judge"] = [j[0] for j in judged]
     if "rollout" in settings.labelers:
-        if strong is None or restore_for is None:
-            raise ValueError("the rollout labeler needs the strong model and a live environment")
-        start = time.perf_counter()
-        labels["rollout"] = [
-            rollout_labels(restore_for(traj, cut), traj.task_id, traj.messages[:cut], seg.steps, strong,
-                           settings.rollout_steps, settings.max_tokens)[0]
-            for cut, seg in zip(cuts, segments)
-        ]
-        stats.seconds_in_engines += time.perf_counter() - start
+        labels["rollout"] = (rollouts if rollouts is not None else
+                             rollout_labels_of([traj], [cuts], [segments], settings, stats, strong, restore_for)[0])
     records = []
     for n, (cut, seg, ref) in enumerate(zip(cuts, segments, references)):
         records.append(segment_record(traj, cut, seg, ref, {k: v[n] for k, v in labels.items()}, settings))
@@ -300,7 +322,8 @@ def draft_settings(cfg: Any, **overrides: Any) -> DraftSettings:
         labelers=tuple(cfg.labelers), window=cfg.window, max_draft_steps=cfg.protocol.max_draft_steps,
         max_tokens=cfg.protocol.max_tokens, draft_stop_below=cfg.protocol.draft_stop_below,
         drafter_adapter=cfg.drafter_adapter, max_cuts=cfg.max_cuts_per_trajectory,
-        rollout_steps=cfg.rollout_steps, reference_segments=cfg.reference_segments,
+        rollout_steps=cfg.rollout_steps, rollout_concurrency=cfg.rollout_concurrency,
+        reference_segments=cfg.reference_segments,
         batch_trajectories=cfg.batch_trajectories, read_only=tuple(cfg.env.read_only), write=tuple(cfg.env.write),
     )
     return replace(settings, **overrides)

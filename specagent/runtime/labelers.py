@@ -13,6 +13,7 @@ The default reply judge of `match` is `claim_judge` (facts and claim must agree)
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from specagent.core.canonical import normalise_text, same_step
@@ -315,6 +316,85 @@ def judge_labels(
     return out
 
 
+@dataclass(frozen=True)
+class RolloutJob:
+    """One drafted segment to label by rollouts: a live environment restored to its cut point
+    (a fresh one per call), the task, the context before the cut and the drafted steps."""
+
+    restore_env: Callable[[], Any]
+    task_id: str
+    context: Sequence[Message]
+    steps: Sequence[DraftedStep]
+
+
+def rollout_reward(job: RolloutJob, prefix: int, strong: ChatEngine, max_steps: int = 8,
+                   max_tokens: int = 256) -> float:
+    """The reward of one rollout: a live environment restored to the cut point takes the first
+    ``prefix`` drafted steps (a held write executed as if approved, a held reply answered by
+    the user), then the strong model continues for up to ``max_steps`` steps."""
+    from specagent.core.protocol import Models, ProtocolConfig, run_episode
+
+    env = job.restore_env()
+    messages = list(job.context)
+    for step in job.steps[:prefix]:
+        messages.append(step.message)
+        if step.observations:
+            messages.extend(step.observations)
+            continue
+        for call in step.message.tool_calls:  # the held write, executed as approved
+            messages.append(Message(role="tool", content=env.execute(call), tool_call_id=call.id, name=call.name))
+        if not step.message.tool_calls:  # a held reply: the user answers or the conversation ends
+            answer = env.user_turn(step.message.content or "")
+            if answer is None:
+                return env.reward(messages).reward
+            messages.append(Message(role="user", content=answer))
+    budget = ProtocolConfig(max_steps=sum(m.role == "assistant" for m in messages) + max_steps, max_tokens=max_tokens)
+    return run_episode(env, job.task_id, "strong", Models(strong=strong), budget, start_from=messages).reward
+
+
+def rollout_labels_many(jobs: Sequence[RolloutJob], strong: ChatEngine, max_steps: int = 8, max_tokens: int = 256,
+                        concurrency: int = 1, on_done: Callable[[], None] | None = None,
+                        ) -> list[tuple[list[int], list[float]]]:
+    """`rollout` labels of many segments: (labels, rewards with the baseline first) per job.
+
+    Every rollout of every job (the baseline, the strong model alone from the cut point, and one
+    per drafted prefix) is independent of the others; ``concurrency`` N > 1 runs N of them side
+    by side, one per thread, their requests answered together in batched calls of ``strong``
+    (`BatchingEngine`), as `run_tasks` runs episodes. The labels are what one-at-a-time rollouts
+    give, up to the engine's batch-dependent numerics. ``on_done`` is called after each rollout."""
+    units = [(n, j) for n, job in enumerate(jobs) for j in range(len(job.steps) + 1)]
+    rewards: dict[tuple[int, int], float] = {}
+    if concurrency <= 1:
+        for n, j in units:
+            rewards[n, j] = rollout_reward(jobs[n], j, strong, max_steps, max_tokens)
+            if on_done:
+                on_done()
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from specagent.engines.batching import BatchingEngine, CallerGroup
+
+        group = CallerGroup()
+        batched = BatchingEngine(strong, group, max_batch=max(64, concurrency))
+
+        def run(unit: tuple[int, int]) -> None:
+            with group.member():
+                rewards[unit] = rollout_reward(jobs[unit[0]], unit[1], batched, max_steps, max_tokens)
+            if on_done:
+                on_done()
+
+        with ThreadPoolExecutor(concurrency, thread_name_prefix="rollout") as pool:
+            for future in [pool.submit(run, unit) for unit in units]:
+                future.result()  # the first error, raised here
+    out = []
+    for n, job in enumerate(jobs):
+        baseline = rewards[n, 0]
+        valid = [step.kind is not StepKind.MALFORMED and rewards[n, j + 1] >= baseline
+                 for j, step in enumerate(job.steps)]
+        out.append((prefix_closed(valid), [rewards[n, j] for j in range(len(job.steps) + 1)]))
+    return out
+
+
 def rollout_labels(
     restore_env: Callable[[], Any],
     task_id: str,
@@ -324,37 +404,9 @@ def rollout_labels(
     max_steps: int = 8,
     max_tokens: int = 256,
 ) -> tuple[list[int], list[float]]:
-    """`rollout` labels (Monte-Carlo): for each drafted prefix d1..dj, a live environment
-    restored to the cut point takes the prefix (the held step executed as if approved),
-    the strong model continues for up to ``max_steps`` steps, and the environment scores
-    the episode. Step j is valid if that reward is at least the reward of the strong
-    model continuing from the cut point alone. Returns (labels, rewards with the
-    baseline first)."""
-    from specagent.core.protocol import Models, ProtocolConfig, run_episode
-
-    rewards = []
-    for j in range(len(steps) + 1):
-        env = restore_env()
-        messages = list(context)
-        finished = False
-        for step in steps[:j]:
-            messages.append(step.message)
-            if step.observations:
-                messages.extend(step.observations)
-                continue
-            for call in step.message.tool_calls:  # the held write, executed as approved
-                messages.append(Message(role="tool", content=env.execute(call), tool_call_id=call.id, name=call.name))
-            if not step.message.tool_calls:  # a held reply: the user answers or the conversation ends
-                answer = env.user_turn(step.message.content or "")
-                finished = answer is None
-                if answer is not None:
-                    messages.append(Message(role="user", content=answer))
-        if finished:
-            rewards.append(env.reward(messages).reward)
-            continue
-        budget = ProtocolConfig(max_steps=sum(m.role == "assistant" for m in messages) + max_steps, max_tokens=max_tokens)
-        episode = run_episode(env, task_id, "strong", Models(strong=strong), budget, start_from=messages)
-        rewards.append(episode.reward)
-    baseline = rewards[0]
-    valid = [step.kind is not StepKind.MALFORMED and r >= baseline for step, r in zip(steps, rewards[1:])]
-    return prefix_closed(valid), rewards
+    """`rollout` labels (Monte-Carlo) of one segment: for each drafted prefix d1..dj, a live
+    environment restored to the cut point takes the prefix (`rollout_reward`), the strong model
+    continues, and the environment scores the episode. Step j is valid if that reward is at
+    least the reward of the strong model continuing from the cut point alone. Returns (labels,
+    rewards with the baseline first). Many segments at once: `rollout_labels_many`."""
+    return rollout_labels_many([RolloutJob(restore_env, task_id, context, steps)], strong, max_steps, max_tokens)[0]

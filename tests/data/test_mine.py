@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -134,8 +135,6 @@ def test_replay_mining_ends_drafts_at_unrecorded_calls(store_trajectories, tmp_p
     settings = DraftSettings()
     drafter = ScriptedEngine(noisy_expert(StoreEnv(), every=2))
     path, _ = mine_shard(store_trajectories, drafter, lambda t, c: replay_jobs(replay, t, c, 4), settings, tmp_path)
-    import json
-
     segments = [s for line in path.read_text().splitlines() for s in json.loads(line)["segments"]]
     stopped = [s for s in segments if s["ended_by"] == "unrecorded"]
     assert stopped  # the wrong lookup W0000 was never recorded
@@ -275,6 +274,65 @@ def test_rollout_labeler_scores_drafted_prefixes_by_the_environment_reward(store
     assert labels == [0] and rewards[0] == 1.0 and rewards[1] == 0.0
 
 
+def test_rollouts_run_side_by_side_give_the_one_at_a_time_labels_in_fewer_engine_calls(store_trajectories):
+    """Every rollout of every segment, 8 at a time with the strong model's requests batched:
+    the same labels and rewards as one at a time, a right and a wrong held write told apart in
+    each trajectory, and fewer strong-model calls than requests (they were batched)."""
+    from specagent.runtime.drafting import restore
+    from specagent.runtime.labelers import RolloutJob, rollout_labels_many
+
+    jobs, expected = [], []
+    for traj in store_trajectories:
+        read_only = classify_tools(traj.tools)
+        cut = next((i for i, m in enumerate(traj.messages) if m.tool_calls and not read_only[m.tool_calls[0].name]),
+                   None)
+        if cut is None or traj.messages[cut].tool_calls[0].name != "cancel_pending_order":
+            continue
+        right = DraftedStep(traj.messages[cut], StepKind.WRITE)
+        order = traj.messages[cut].tool_calls[0].arguments["order_id"]
+        other = next(o for o in ("W1001", "W1002", "W1003") if o != order)
+        wrong = DraftedStep(Message(role="assistant", tool_calls=(
+            ToolCall("x", "cancel_pending_order", {"order_id": other, "reason": "no longer needed"}),)), StepKind.WRITE)
+        for steps, labels in (([right], [1]), ([wrong], [0]), ([right, wrong], [1, 0])):
+            jobs.append(RolloutJob(lambda t=traj, c=cut, r=read_only: restore(StoreEnv, t, c, r), traj.task_id,
+                                   traj.messages[:cut], steps))
+            expected.append(labels)
+    assert len(jobs) >= 6
+    one_at_a_time = ScriptedEngine(expert_policy(StoreEnv()))
+    sequential = rollout_labels_many(jobs, one_at_a_time)
+    batched_engine, batches = ScriptedEngine(expert_policy(StoreEnv())), []
+    chat = batched_engine.chat
+    batched_engine.chat = lambda requests: batches.append(len(requests)) or chat(requests)
+    done = []
+    side_by_side = rollout_labels_many(jobs, batched_engine, concurrency=8, on_done=lambda: done.append(1))
+    assert [labels for labels, _ in sequential] == expected
+    assert side_by_side == sequential
+    assert len(done) == sum(len(job.steps) + 1 for job in jobs)
+    assert sum(batches) == one_at_a_time.calls and max(batches) > 1, "the rollouts' requests were not batched"
+
+
+def test_mining_with_rollout_labels_runs_every_segments_rollouts_together(store_trajectories, tmp_path):
+    """`specagent mine` with `labelers: [rollout, match]`: the rollouts of all the segments of a
+    batch of trajectories run side by side; each segment gets both labels, rollout first, and a
+    drafted step `match` finds valid is valid by rollout too (the expert's own step)."""
+    from specagent.runtime.drafting import restore
+
+    settings = DraftSettings(labelers=("rollout", "match"), rollout_concurrency=4, batch_trajectories=3)
+
+    def restore_for(traj, cut):
+        return lambda: restore(StoreEnv, traj, cut, classify_tools(traj.tools))
+
+    drafter = ScriptedEngine(noisy_expert(StoreEnv()))
+    strong = ScriptedEngine(expert_policy(StoreEnv()))
+    path, _ = mine_shard(store_trajectories[:3], drafter, store_jobs(settings), settings, tmp_path, Shard(0, 1),
+                      strong, restore_for)
+    segments = [seg for line in path.read_text().splitlines() for seg in json.loads(line)["segments"]]
+    assert segments and all(r["label_source"] == "rollout" for r in segments)
+    assert all(len(r["all_labels"]["rollout"]) == len(r["steps"]) == len(r["all_labels"]["match"]) for r in segments)
+    pairs = [(m, r) for seg in segments for m, r in zip(seg["all_labels"]["match"], seg["all_labels"]["rollout"])]
+    assert any(m for m, _ in pairs) and all(r for m, r in pairs if m)
+
+
 def test_a_drafter_adapter_given_by_path_is_registered_on_the_drafter_engine(tmp_path):
     from specagent.config import MineConfig
     from specagent.runtime.assembly import resolve_adapter
@@ -319,8 +377,6 @@ def test_mining_drafts_under_the_runtimes_stop_rule(store_trajectories, tmp_path
     assert settings.draft_stop_below == stop_below
     drafter = UnsureOfReplies()
     path, _ = mine_shard(store_trajectories, drafter, store_jobs(settings), settings, tmp_path)
-    import json
-
     segments = [s for line in path.read_text().splitlines() for s in json.loads(line)["segments"]]
     assert drafter.stop_below == {stop_below}
     unsure = [s for s in segments if s["ended_by"] == "unsure"]
