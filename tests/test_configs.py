@@ -37,6 +37,7 @@ FULL = ROOT / "configs" / "quickstart" / "full.yaml"
 FULL_TICKET = ROOT / "configs" / "quickstart" / "full_ticket.yaml"
 MULTI_TURN = ROOT / "configs" / "quickstart" / "multi_turn.yaml"
 HEAD = ROOT / "configs" / "quickstart" / "head.yaml"
+HEAD_ROLLOUT = ROOT / "configs" / "quickstart" / "head_rollout.yaml"
 QUICKSTART_STAGES = sorted((ROOT / "configs" / "quickstart").glob("*.yaml"))
 AIRLINE = ROOT / "configs" / "airline" / "pipeline.yaml"
 
@@ -84,7 +85,8 @@ def test_quickstart_pipeline_and_every_stage_config_validate():
 
     stages = load_config(PipelineConfig, QUICKSTART).stages
     plans = [stage_plan(stage, QUICKSTART.parent) for stage in stages]  # loads each stage's config
-    used = {QUICKSTART.parent / s.config for s in stages if s.config} | {QUICKSTART, FULL, FULL_TICKET, MULTI_TURN, HEAD}
+    used = {QUICKSTART.parent / s.config for s in stages if s.config} | {QUICKSTART, FULL, FULL_TICKET, MULTI_TURN, HEAD,
+                                                                       HEAD_ROLLOUT}
     assert used == set(QUICKSTART_STAGES)
     assert [argv[0] for argv, _, _ in plans] == ["collect", "train", "export", "train", "export", "eval"]
 
@@ -171,13 +173,17 @@ def test_the_multi_turn_recipe_trains_s_and_its_drafter_on_both_collected_user_m
     assert (latency.strong.model, latency.weak.model) == (drafter.model, f"{stages[10].to}/model")
 
 
-def test_the_head_recipe_fits_on_training_drafts_calibrates_on_calibration_drafts_and_evaluates_on_eval():
-    """configs/quickstart/head.yaml: the quickstart's stages, S's runs of training and calibration
-    tasks, the quickstart drafter's drafts mined at both, the likelihood head fit on the first and
-    calibrated on the second only, and the eval of held-out tasks with S and that drafter."""
+@pytest.mark.parametrize("recipe, labeler", [(HEAD, "match"), (HEAD_ROLLOUT, "rollout")], ids=["match", "rollout"])
+def test_the_head_recipe_fits_on_training_drafts_calibrates_on_calibration_drafts_and_evaluates_on_eval(
+        recipe, labeler):
+    """configs/quickstart/head.yaml (and head_rollout.yaml): the quickstart's stages, S's runs of
+    training and calibration tasks, the quickstart drafter's drafts mined at both and labeled by
+    `match` (`rollout`, S continuing after each drafted prefix), the likelihood head fit on the
+    first and calibrated on the second only, and the eval of held-out tasks with S and that drafter."""
     from specagent.config import MineConfig, VerdictTrainConfig
     from specagent.quickstart import PipelineConfig, stage_plan
 
+    HEAD = recipe
     quick, stages = load_config(PipelineConfig, QUICKSTART).stages, load_config(PipelineConfig, HEAD).stages
     assert stages[: len(quick)] == quick
     rest = stages[len(quick):]
@@ -190,6 +196,8 @@ def test_the_head_recipe_fits_on_training_drafts_calibrates_on_calibration_draft
     assert [c.env.split for c in collected] == ["train", "calibration"] and evaluated.env.split == "eval"
     assert [m.trajectories for m in mined] == [c.output for c in collected]
     assert [m.env.split for m in mined] == ["train", "calibration"]
+    assert [m.labelers[0] for m in mined] == [labeler, labeler]
+    assert all(m.strong is None or m.strong.model == collected[0].strong.model for m in mined)
     assert mined[0].drafter.model == mined[1].drafter.model == evaluated.weak.model == f"{quick[4].to}/model"
     assert head.kind == "likelihood" and head.dataset == f"{mined[0].output_dir}/verdict"
     assert head.calibration == f"{mined[1].output_dir}/verdict"
