@@ -183,7 +183,8 @@ def rollout_labels_of(trajs: Sequence[Trajectory], cuts_of: Sequence[Sequence[in
         labeled = rollout_labels_many(jobs, strong, settings.rollout_steps, settings.max_tokens,
                                       settings.rollout_concurrency, on_done=lambda: bar.update(1))
     stats.seconds_in_engines += time.perf_counter() - start
-    stats.extra["rollouts"] = stats.extra.get("rollouts", 0) + total
+    run = sum(reward is not None for _, rewards in labeled for reward in rewards)
+    stats.extra["rollouts"] = stats.extra.get("rollouts", 0) + run  # those after a failed prefix are not run
     out, i = [], 0
     for segs in segments_of:
         out.append([labels for labels, _ in labeled[i: i + len(segs)]])

@@ -354,44 +354,61 @@ def rollout_reward(job: RolloutJob, prefix: int, strong: ChatEngine, max_steps: 
 
 def rollout_labels_many(jobs: Sequence[RolloutJob], strong: ChatEngine, max_steps: int = 8, max_tokens: int = 256,
                         concurrency: int = 1, on_done: Callable[[], None] | None = None,
-                        ) -> list[tuple[list[int], list[float]]]:
+                        ) -> list[tuple[list[int], list[float | None]]]:
     """`rollout` labels of many segments: (labels, rewards with the baseline first) per job.
 
-    Every rollout of every job (the baseline, the strong model alone from the cut point, and one
-    per drafted prefix) is independent of the others; ``concurrency`` N > 1 runs N of them side
-    by side, one per thread, their requests answered together in batched calls of ``strong``
-    (`BatchingEngine`), as `run_tasks` runs episodes. The labels are what one-at-a-time rollouts
-    give, up to the engine's batch-dependent numerics. ``on_done`` is called after each rollout."""
-    units = [(n, j) for n, job in enumerate(jobs) for j in range(len(job.steps) + 1)]
+    A job's rollouts are the baseline (the strong model alone from the cut point) and one per
+    drafted prefix. They run in waves: the baselines and first prefixes of every job, then prefix
+    j of each job whose prefix j-1 did as well as its baseline. Labels are prefix-closed, so a
+    prefix after a failed one is not rolled out (its reward is None, its label 0). ``concurrency``
+    N > 1 runs N rollouts of a wave side by side, one per thread, their requests answered together
+    in batched calls of ``strong`` (`BatchingEngine`), as `run_tasks` runs episodes: the labels
+    are those of one-at-a-time rollouts up to the engine's batch-dependent numerics. ``on_done``
+    is called once per rollout, run or skipped."""
     rewards: dict[tuple[int, int], float] = {}
-    if concurrency <= 1:
-        for n, j in units:
-            rewards[n, j] = rollout_reward(jobs[n], j, strong, max_steps, max_tokens)
-            if on_done:
-                on_done()
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-
+    engine, group = strong, None
+    if concurrency > 1:
         from specagent.engines.batching import BatchingEngine, CallerGroup
 
         group = CallerGroup()
-        batched = BatchingEngine(strong, group, max_batch=max(64, concurrency))
+        engine = BatchingEngine(strong, group, max_batch=max(64, concurrency))
 
-        def run(unit: tuple[int, int]) -> None:
+    def run(unit: tuple[int, int]) -> None:
+        if group is None:
+            rewards[unit] = rollout_reward(jobs[unit[0]], unit[1], engine, max_steps, max_tokens)
+        else:
             with group.member():
-                rewards[unit] = rollout_reward(jobs[unit[0]], unit[1], batched, max_steps, max_tokens)
-            if on_done:
-                on_done()
+                rewards[unit] = rollout_reward(jobs[unit[0]], unit[1], engine, max_steps, max_tokens)
+        if on_done:
+            on_done()
 
-        with ThreadPoolExecutor(concurrency, thread_name_prefix="rollout") as pool:
-            for future in [pool.submit(run, unit) for unit in units]:
-                future.result()  # the first error, raised here
+    def valid(n: int, j: int) -> bool:  # drafted step j (1-based) did as well as the baseline
+        return jobs[n].steps[j - 1].kind is not StepKind.MALFORMED and rewards[n, j] >= rewards[n, 0]
+
+    wave = [(n, j) for n, job in enumerate(jobs) for j in range(min(len(job.steps), 1) + 1)]
+    while wave:
+        if group is None:
+            for unit in wave:
+                run(unit)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(concurrency, thread_name_prefix="rollout") as pool:
+                for future in [pool.submit(run, unit) for unit in wave]:
+                    future.result()  # the first error, raised here
+        ran, wave = wave, []
+        for n, j in ran:
+            if j == 0 or j == len(jobs[n].steps):
+                continue
+            if valid(n, j):
+                wave.append((n, j + 1))
+            elif on_done:
+                for _ in range(len(jobs[n].steps) - j):  # not rolled out: labeled 0
+                    on_done()
     out = []
     for n, job in enumerate(jobs):
-        baseline = rewards[n, 0]
-        valid = [step.kind is not StepKind.MALFORMED and rewards[n, j + 1] >= baseline
-                 for j, step in enumerate(job.steps)]
-        out.append((prefix_closed(valid), [rewards[n, j] for j in range(len(job.steps) + 1)]))
+        labels = prefix_closed([(n, j) in rewards and valid(n, j) for j in range(1, len(job.steps) + 1)])
+        out.append((labels, [rewards.get((n, j)) for j in range(len(job.steps) + 1)]))
     return out
 
 

@@ -277,7 +277,7 @@ def test_rollout_labeler_scores_drafted_prefixes_by_the_environment_reward(store
 def test_rollouts_run_side_by_side_give_the_one_at_a_time_labels_in_fewer_engine_calls(store_trajectories):
     """Every rollout of every segment, 8 at a time with the strong model's requests batched:
     the same labels and rewards as one at a time, a right and a wrong held write told apart in
-    each trajectory, and fewer strong-model calls than requests (they were batched)."""
+    each trajectory, no rollout after a failed prefix, and the requests batched."""
     from specagent.runtime.drafting import restore
     from specagent.runtime.labelers import RolloutJob, rollout_labels_many
 
@@ -293,7 +293,7 @@ def test_rollouts_run_side_by_side_give_the_one_at_a_time_labels_in_fewer_engine
         other = next(o for o in ("W1001", "W1002", "W1003") if o != order)
         wrong = DraftedStep(Message(role="assistant", tool_calls=(
             ToolCall("x", "cancel_pending_order", {"order_id": other, "reason": "no longer needed"}),)), StepKind.WRITE)
-        for steps, labels in (([right], [1]), ([wrong], [0]), ([right, wrong], [1, 0])):
+        for steps, labels in (([right], [1]), ([wrong], [0]), ([right, wrong], [1, 0]), ([wrong, right], [0, 0])):
             jobs.append(RolloutJob(lambda t=traj, c=cut, r=read_only: restore(StoreEnv, t, c, r), traj.task_id,
                                    traj.messages[:cut], steps))
             expected.append(labels)
@@ -308,6 +308,9 @@ def test_rollouts_run_side_by_side_give_the_one_at_a_time_labels_in_fewer_engine
     assert [labels for labels, _ in sequential] == expected
     assert side_by_side == sequential
     assert len(done) == sum(len(job.steps) + 1 for job in jobs)
+    after_a_failed_step = [rewards[2] for (labels, rewards), job in zip(sequential, jobs) if len(job.steps) == 2
+                           and labels == [0, 0]]
+    assert after_a_failed_step and set(after_a_failed_step) == {None}  # prefix-closed: not rolled out
     assert sum(batches) == one_at_a_time.calls and max(batches) > 1, "the rollouts' requests were not batched"
 
 
