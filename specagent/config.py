@@ -406,6 +406,10 @@ class MineConfig(Strict):
     # rollouts run side by side (threads), the strong model's requests answered in batched calls:
     # one rollout per drafted prefix and one baseline per segment, each a strong-model episode
     rollout_concurrency: int = Field(16, gt=0)
+    # a drafted prefix is valid when the rollout after it scores at least the baseline (the strong
+    # model alone from the cut point) and at least this: 1.0, the task solved, so the drafts of a
+    # run the strong model fails from the cut point anyway are not all called valid
+    rollout_min_reward: float = Field(1.0, ge=0.0)
     window: int = Field(4, gt=0)  # strong steps a drafted step may match (match labeler)
     validation_fraction: float = Field(0.2, ge=0.0, lt=1.0)  # of the groups (by a stable hash of the group)
     # explicit validation tasks (beats the fraction); every one must be a task of the trajectories

@@ -353,13 +353,16 @@ def rollout_reward(job: RolloutJob, prefix: int, strong: ChatEngine, max_steps: 
 
 
 def rollout_labels_many(jobs: Sequence[RolloutJob], strong: ChatEngine, max_steps: int = 8, max_tokens: int = 256,
-                        concurrency: int = 1, on_done: Callable[[], None] | None = None,
+                        concurrency: int = 1, on_done: Callable[[], None] | None = None, min_reward: float = 1.0,
                         ) -> list[tuple[list[int], list[float | None]]]:
     """`rollout` labels of many segments: (labels, rewards with the baseline first) per job.
 
     A job's rollouts are the baseline (the strong model alone from the cut point) and one per
-    drafted prefix. They run in waves: the baselines and first prefixes of every job, then prefix
-    j of each job whose prefix j-1 did as well as its baseline. Labels are prefix-closed, so a
+    drafted prefix. Drafted step j is valid when the rollout after prefix 1..j scores at least
+    the baseline **and** at least ``min_reward`` (1.0: the task solved). Without the second
+    condition every step of a segment where the strong model fails from the cut point anyway
+    (baseline 0) would be valid, a wrong write among them. They run in waves: the baselines and
+    first prefixes of every job, then prefix j of each job whose prefix j-1 was valid. Labels are prefix-closed, so a
     prefix after a failed one is not rolled out (its reward is None, its label 0). ``concurrency``
     N > 1 runs N rollouts of a wave side by side, one per thread, their requests answered together
     in batched calls of ``strong`` (`BatchingEngine`), as `run_tasks` runs episodes: the labels
@@ -382,8 +385,9 @@ def rollout_labels_many(jobs: Sequence[RolloutJob], strong: ChatEngine, max_step
         if on_done:
             on_done()
 
-    def valid(n: int, j: int) -> bool:  # drafted step j (1-based) did as well as the baseline
-        return jobs[n].steps[j - 1].kind is not StepKind.MALFORMED and rewards[n, j] >= rewards[n, 0]
+    def valid(n: int, j: int) -> bool:  # drafted step j (1-based): as well as the baseline, and a solve
+        return (jobs[n].steps[j - 1].kind is not StepKind.MALFORMED
+                and rewards[n, j] >= max(rewards[n, 0], min_reward))
 
     wave = [(n, j) for n, job in enumerate(jobs) for j in range(min(len(job.steps), 1) + 1)]
     while wave:
@@ -420,10 +424,13 @@ def rollout_labels(
     strong: ChatEngine,
     max_steps: int = 8,
     max_tokens: int = 256,
+    min_reward: float = 1.0,
 ) -> tuple[list[int], list[float]]:
     """`rollout` labels (Monte-Carlo) of one segment: for each drafted prefix d1..dj, a live
     environment restored to the cut point takes the prefix (`rollout_reward`), the strong model
     continues, and the environment scores the episode. Step j is valid if that reward is at
-    least the reward of the strong model continuing from the cut point alone. Returns (labels,
-    rewards with the baseline first). Many segments at once: `rollout_labels_many`."""
-    return rollout_labels_many([RolloutJob(restore_env, task_id, context, steps)], strong, max_steps, max_tokens)[0]
+    least the reward of the strong model continuing from the cut point alone and at least
+    ``min_reward``. Returns (labels, rewards with the baseline first). Many segments at once:
+    `rollout_labels_many`."""
+    return rollout_labels_many([RolloutJob(restore_env, task_id, context, steps)], strong, max_steps, max_tokens,
+                               min_reward=min_reward)[0]

@@ -273,6 +273,20 @@ def test_rollout_labeler_scores_drafted_prefixes_by_the_environment_reward(store
     labels, rewards = rollout_labels(restore_env, traj.task_id, traj.messages[:cut], [wrong], expert)
     assert labels == [0] and rewards[0] == 1.0 and rewards[1] == 0.0
 
+    # a strong model that fails from the cut point anyway (it only says goodbye): the baseline is
+    # 0, and a wrong write, which also scores 0, is still invalid (as well as the baseline is not
+    # enough: the rollout must solve the task); with min_reward 0 it would be valid
+    def quitter(messages, tools):
+        return Message(role="assistant", content="Goodbye.")
+
+    labels, rewards = rollout_labels(restore_env, traj.task_id, traj.messages[:cut], [wrong], ScriptedEngine(quitter))
+    assert rewards == [0.0, 0.0] and labels == [0]
+    labels, _ = rollout_labels(restore_env, traj.task_id, traj.messages[:cut], [wrong], ScriptedEngine(quitter),
+                               min_reward=0.0)
+    assert labels == [1]
+    labels, rewards = rollout_labels(restore_env, traj.task_id, traj.messages[:cut], [right], ScriptedEngine(quitter))
+    assert labels == [int(rewards[1] >= 1.0)] and rewards[0] == 0.0  # the right write can rescue the cut
+
 
 def test_rollouts_run_side_by_side_give_the_one_at_a_time_labels_in_fewer_engine_calls(store_trajectories):
     """Every rollout of every segment, 8 at a time with the strong model's requests batched:
