@@ -421,6 +421,10 @@ class MineConfig(Strict):
     tasks: Optional[list[str]] = Field(None, min_length=1)
     stride: int = Field(1, gt=0)  # then every k-th trajectory (e.g. 4: one trial per task of tau-bench runs)
     limit: Optional[int] = Field(None, gt=0)  # then the first N trajectories
+    # first of all, only the runs whose reward is at least this (None: every run; runs without a reward are
+    # kept): a verdict should keep the strong model's outcome, and where the strong model fails anyway a
+    # `rollout` label calls its own next steps invalid and a `match` label calls its mistakes valid
+    min_reward: Optional[float] = None
     max_cuts_per_trajectory: Optional[int] = Field(None, gt=0)  # evenly spaced cut points (None: every one)
     # also add the strong model's own next steps at each cut as valid segments (verdict data only)
     reference_segments: bool = False

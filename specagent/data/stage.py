@@ -64,7 +64,8 @@ def mine_from_config(cfg: MineConfig, shard: Shard = Shard(), merge: int | None 
 
 def mined_trajectories(cfg: MineConfig) -> list[Trajectory]:
     """The trajectories a mine reads: those of `tasks` (all if None), then every `stride`-th, then
-    the first `limit`. A task id that names no trajectory is an error (a typo would mine nothing)."""
+    the first `limit`; with `min_reward`, only the runs that scored it (or have no reward) before
+    `stride` and `limit`. A task id that names no trajectory is an error (a typo would mine nothing)."""
     trajectories = read_trajectories(cfg.trajectories)
     if cfg.tasks is not None:
         wanted = set(cfg.tasks)
@@ -72,6 +73,8 @@ def mined_trajectories(cfg: MineConfig) -> list[Trajectory]:
         if missing:
             raise ConfigError(f"tasks: {missing} name no trajectory of {cfg.trajectories}")
         trajectories = [t for t in trajectories if t.task_id in wanted]
+    if cfg.min_reward is not None:
+        trajectories = [t for t in trajectories if t.reward is None or t.reward >= cfg.min_reward]
     return trajectories[:: cfg.stride][: cfg.limit]
 
 

@@ -64,3 +64,21 @@ def test_a_mine_reads_only_its_tasks_then_strides_and_limits(tmp_path):
     assert len(read()) == 12
     with pytest.raises(ConfigError, match=r"tasks: \['9'\] name no trajectory"):
         read("tasks=[1, 9]")
+
+
+def test_a_mine_with_min_reward_reads_only_the_runs_that_scored_it(tmp_path):
+    from specagent.data.stage import mined_trajectories
+    from specagent.records.trajectories import write_trajectories
+
+    path = tmp_path / "trajectories.jsonl"
+    rewards = {"1": 1.0, "2": 0.0, "3": None, "4": 0.5}
+    write_trajectories(path, [Trajectory(f"r{task}:0", task, [], [Message("user", "hi")], reward)
+                              for task, reward in rewards.items()])
+
+    def read(*overrides: str) -> list[str]:
+        return [t.id for t in mined_trajectories(load_config(MineConfig, None, [f"trajectories={path}", *overrides]))]
+
+    assert read() == ["r1:0", "r2:0", "r3:0", "r4:0"]
+    assert read("min_reward=1.0") == ["r1:0", "r3:0"]  # a run without a reward is kept
+    assert read("min_reward=0.5", "limit=2") == ["r1:0", "r3:0"]  # the filter comes before limit
+    assert read("min_reward=1.0", "tasks=[2, 3]") == ["r3:0"]
