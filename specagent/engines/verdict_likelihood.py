@@ -218,7 +218,10 @@ class LikelihoodVerifier:
         raw = ("likelihood head " if self.head is not None else "likelihood ") + " ".join(f"{s:.3f}" for s in scored.scores)
         opening = ""
         if self.continue_repairs and accepted < len(steps):
-            run = greedy_run(scored.per_step[accepted])
+            # at most up to the closing token: a step rejected though S would write all of it (a
+            # head's verdict) is repaired by S decoding its end, not by S going on past it into
+            # a second call of the same turn (a cancel sent twice)
+            run = min(greedy_run(scored.per_step[accepted]), len(scored.per_step[accepted]) - 1)
             end = scored.spans[accepted][0] + run - 1
             opening = self.opening(context, tools, steps, accepted, end) if run else ""
         elif partial:  # every step accepted: the repair is the unfinished one

@@ -224,3 +224,25 @@ def test_an_unsure_drafter_stops_at_its_doubt_and_the_repair_goes_on_from_what_s
     assert "Zzyzx" not in verdict.repair_from
     # a verifier that cannot continue a repair does not read unfinished steps
     assert not LikelihoodVerifier(smollm2_engine, continue_repairs=False).reads_partial
+
+
+def test_a_greedy_step_a_head_rejects_is_repaired_as_that_one_step(smollm2_engine):
+    """A head may reject a step S would write token for token (the greedy rule never does). The
+    repair then goes on from the step's text short of its closing token and writes that one step
+    again: before, the opening took the whole turn, and S went on past it into a second call of
+    the same turn (in the quickstart's eval, a cancel sent twice)."""
+    from specagent.core.interfaces import ChatRequest
+    from specagent.engines.likelihood_head import FEATURES, LikelihoodHead
+
+    context = weather_chat("Paris")
+    step = greedy_step(smollm2_engine, context, observation="Paris: 20C, clear")
+    no = LikelihoodHead(weights=(0.0,) * len(FEATURES), bias=-10.0, mean=(0.0,) * len(FEATURES),
+                        scale=(1.0,) * len(FEATURES), threshold=0.5)
+    verdict, _ = LikelihoodVerifier(smollm2_engine, head=no).verify(context, [WEATHER],
+                                                                    Segment(len(context), (step,), "held"))
+    assert verdict.accepted == 0 and verdict.repair_from.startswith("<tool_call>")
+    assert "<|im_end|>" not in verdict.repair_from
+    scratch = smollm2_engine.chat([ChatRequest(context, [WEATHER], max_tokens=64)])[0]
+    went_on = smollm2_engine.chat([ChatRequest(context, [WEATHER], max_tokens=64, continuation=verdict.repair_from)])[0]
+    assert went_on.message.tool_calls == scratch.message.tool_calls == step.message.tool_calls
+    assert 0 < went_on.usage.completion_tokens < scratch.usage.completion_tokens
