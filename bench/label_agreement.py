@@ -1,7 +1,8 @@
 """Where two labelers of the same mined drafts disagree, by tool and by step kind.
 
 `specagent mine` with several labelers keeps each one's labels of every drafted step
-(`all_labels` in its shard files). This counts, per tool (a reply is `reply`), the drafted
+(`all_labels` in its shard files). This counts, per tool (a step without calls under its
+kind: `reply`, `malformed`; as `segment_stats` counts them), the drafted
 steps each labeler calls valid, both, and only one of them; e.g. `rollout` against `match`:
 steps S would not have written itself (match 0) that still leave the task solved (rollout 1).
 
@@ -19,14 +20,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+from specagent.runtime.drafting import step_tools
 from specagent.runtime.provenance import versions
-
-
-def tool_of(step: dict[str, Any]) -> str:
-    if step["kind"] == "malformed":
-        return "malformed"
-    calls = step["message"].get("tool_calls") or []
-    return calls[0]["function"]["name"] if calls else "reply"
 
 
 def segments_of(mined: Path) -> Iterable[dict[str, Any]]:
@@ -49,7 +44,7 @@ def agreement(segments: Iterable[dict[str, Any]], a: str, b: str) -> dict[str, d
         if a not in labels or b not in labels:
             raise SystemExit(f"segment {segment.get('id')}: labels {sorted(labels)}, not both {a} and {b}")
         for step, x, y in zip(segment["steps"], labels[a], labels[b]):
-            for key in (tool_of(step), "all"):
+            for key in (*step_tools(step), "all"):  # grouped as the mining stats group steps
                 row = table[key]
                 row["drafted"] += 1
                 row[a] += x

@@ -275,6 +275,12 @@ def segment_record(traj: Trajectory, cut: int, seg: Segment, reference: list[Mes
     ).dump()
 
 
+def step_tools(step: dict[str, Any]) -> list[str]:
+    """The names a recorded drafted step (`DraftedStepRecord` as a dict) is counted under: its
+    tool calls' names, or its kind (`reply`, `malformed`) when it calls none."""
+    return [c["function"]["name"] for c in step["message"].get("tool_calls") or []] or [step["kind"]]
+
+
 def segment_stats(segments: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Mining figures with the metric definitions of DESIGN §3 (labels = accepted).
 
@@ -286,8 +292,7 @@ def segment_stats(segments: Sequence[dict[str, Any]]) -> dict[str, Any]:
     by_tool: dict[str, Counter] = defaultdict(Counter)
     ended = Counter(s["ended_by"] for s in segments)
     for seg in segments:
-        scored = [([c["function"]["name"] for c in step["message"].get("tool_calls") or []] or [step["kind"]], label)
-                  for step, label in zip(seg["steps"], seg["labels"])]
+        scored = [(step_tools(step), label) for step, label in zip(seg["steps"], seg["labels"])]
         if seg["ended_by"] == "unrecorded":  # shards mined before the field carry no names
             scored.append((seg.get("unrecorded") or ["unrecorded"], 0))
         for pos, (names, label) in enumerate(scored, 1):
