@@ -63,7 +63,7 @@ def training_kwargs(opt: OptimSettings, output_dir: str) -> dict[str, Any]:
         save_total_limit=opt.save_total_limit, seed=opt.seed, data_seed=opt.seed, report_to=opt.report_to,
     )
     if opt.bf16 and not _has_accelerator():
-        if cpu_has_native_bf16():
+        if cpu_bf16_pays():
             kwargs["use_cpu"] = True  # bf16 autocast on CPU; transformers refuses bf16 without it
         else:
             kwargs["bf16"] = False
@@ -71,8 +71,9 @@ def training_kwargs(opt: OptimSettings, output_dir: str) -> dict[str, Any]:
     return {**kwargs, **opt.extra}
 
 
-NO_BF16 = ("bf16: this CPU has no native bf16 (no AVX512-BF16 / AMX; bf16 matmuls are emulated, "
-           "~50x slower than float32 on an AVX2 CPU here): training in float32 instead")
+NO_BF16 = ("bf16: this CPU has no AMX, where bf16 autocast is slower than float32 (a step of the "
+           "quickstart's S took 22 s in bf16 against 13 s in float32 on an AVX512-BF16 CPU; ~50x "
+           "slower on an AVX2 one): training in float32 instead")
 
 
 def _has_accelerator() -> bool:
@@ -81,14 +82,16 @@ def _has_accelerator() -> bool:
     return torch.cuda.is_available()
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether oneDNN runs bf16 natively on this CPU. Without it (AVX2 only) bf16 autocast
-    emulates every matmul: a training step took 12.5 min instead of ~15 s on the quickstart."""
+def cpu_bf16_pays() -> bool:
+    """Whether bf16 autocast trains faster than float32 on this CPU: only with AMX's bf16 matrix
+    units. With AVX512-BF16 alone a step of the quickstart's S took 22.4 s in bf16 and 12.8 s in
+    float32 (tests/train/test_bf16_fallback.py); with AVX2 only, autocast emulates every matmul (a
+    step took 12.5 min instead of ~30 s)."""
     import torch
 
     try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # no oneDNN build: assume it does, as before
+        return bool(torch.cpu._is_amx_tile_supported())
+    except (AttributeError, RuntimeError):  # a torch without the check: autocast, as before
         return True
 
 
