@@ -74,7 +74,14 @@ def mined_trajectories(cfg: MineConfig) -> list[Trajectory]:
             raise ConfigError(f"tasks: {missing} name no trajectory of {cfg.trajectories}")
         trajectories = [t for t in trajectories if t.task_id in wanted]
     if cfg.min_reward is not None:
-        trajectories = [t for t in trajectories if t.reward is None or t.reward >= cfg.min_reward]
+        kept = [t for t in trajectories if t.reward is None or t.reward >= cfg.min_reward]
+        before, after = {t.task_id for t in trajectories}, {t.task_id for t in kept}
+        lost = sorted({str(v) for v in cfg.validation_tasks or ()} & before - after)
+        if lost:
+            raise ConfigError(f"validation_tasks: {len(lost)} id(s) have no run with reward >= min_reward "
+                              f"{cfg.min_reward}: {', '.join(lost[:5])} (lower min_reward or drop them)")
+        print(f"min_reward {cfg.min_reward}: {len(kept)} of {len(trajectories)} runs kept")
+        trajectories = kept
     return trajectories[:: cfg.stride][: cfg.limit]
 
 

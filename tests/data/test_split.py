@@ -82,3 +82,7 @@ def test_a_mine_with_min_reward_reads_only_the_runs_that_scored_it(tmp_path):
     assert read("min_reward=1.0") == ["r1:0", "r3:0"]  # a run without a reward is kept
     assert read("min_reward=0.5", "limit=2") == ["r1:0", "r3:0"]  # the filter comes before limit
     assert read("min_reward=1.0", "tasks=[2, 3]") == ["r3:0"]
+    assert read("min_reward=1.0", "validation_tasks=[3]") == ["r1:0", "r3:0"]
+    # a validation task whose every run falls below min_reward names min_reward as the cause
+    with pytest.raises(ConfigError, match=r"validation_tasks: 1 id\(s\) have no run with reward >= min_reward 1.0: 2"):
+        read("min_reward=1.0", "validation_tasks=[2, 3]")
