@@ -410,6 +410,10 @@ class MineConfig(Strict):
     # model alone from the cut point) and at least this: 1.0, the task solved, so the drafts of a
     # run the strong model fails from the cut point anyway are not all called valid
     rollout_min_reward: float = Field(1.0, ge=0.0)
+    # and, when set, ends within this many agent steps of the baseline's (0: no step more than the
+    # strong model alone): a draft the strong model recovers from (a lookup that fails on a wrong
+    # email, a lookup repeated) still solves the task but costs a step and a round; None: not checked
+    rollout_max_extra_steps: Optional[int] = Field(None, ge=0)
     window: int = Field(4, gt=0)  # strong steps a drafted step may match (match labeler)
     validation_fraction: float = Field(0.2, ge=0.0, lt=1.0)  # of the groups (by a stable hash of the group)
     # explicit validation tasks (beats the fraction); every one must be a task of the trajectories

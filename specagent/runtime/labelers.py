@@ -327,12 +327,16 @@ class RolloutJob:
     steps: Sequence[DraftedStep]
 
 
-def rollout_reward(job: RolloutJob, prefix: int, strong: ChatEngine, max_steps: int = 8,
-                   max_tokens: int = 256) -> float:
-    """The reward of one rollout: a live environment restored to the cut point takes the first
-    ``prefix`` drafted steps (a held write executed as if approved, a held reply answered by
-    the user), then the strong model continues for up to ``max_steps`` steps."""
+def rollout_outcome(job: RolloutJob, prefix: int, strong: ChatEngine, max_steps: int = 8,
+                    max_tokens: int = 256) -> tuple[float, int]:
+    """(reward, agent steps) of one rollout: a live environment restored to the cut point takes
+    the first ``prefix`` drafted steps (a held write executed as if approved, a held reply
+    answered by the user), then the strong model continues for up to ``max_steps`` steps. The
+    agent steps are the episode's assistant turns, the context's included."""
     from specagent.core.protocol import Models, ProtocolConfig, run_episode
+
+    def steps(messages: Sequence[Message]) -> int:
+        return sum(m.role == "assistant" for m in messages)
 
     env = job.restore_env()
     messages = list(job.context)
@@ -346,29 +350,33 @@ def rollout_reward(job: RolloutJob, prefix: int, strong: ChatEngine, max_steps: 
         if not step.message.tool_calls:  # a held reply: the user answers or the conversation ends
             answer = env.user_turn(step.message.content or "")
             if answer is None:
-                return env.reward(messages).reward
+                return env.reward(messages).reward, steps(messages)
             messages.append(Message(role="user", content=answer))
-    budget = ProtocolConfig(max_steps=sum(m.role == "assistant" for m in messages) + max_steps, max_tokens=max_tokens)
-    return run_episode(env, job.task_id, "strong", Models(strong=strong), budget, start_from=messages).reward
+    budget = ProtocolConfig(max_steps=steps(messages) + max_steps, max_tokens=max_tokens)
+    episode = run_episode(env, job.task_id, "strong", Models(strong=strong), budget, start_from=messages)
+    return episode.reward, steps(episode.messages)
 
 
 def rollout_labels_many(jobs: Sequence[RolloutJob], strong: ChatEngine, max_steps: int = 8, max_tokens: int = 256,
                         concurrency: int = 1, on_done: Callable[[], None] | None = None, min_reward: float = 1.0,
-                        ) -> list[tuple[list[int], list[float | None]]]:
+                        max_extra_steps: int | None = None) -> list[tuple[list[int], list[float | None]]]:
     """`rollout` labels of many segments: (labels, rewards with the baseline first) per job.
 
     A job's rollouts are the baseline (the strong model alone from the cut point) and one per
     drafted prefix. Drafted step j is valid when the rollout after prefix 1..j scores at least
     the baseline **and** at least ``min_reward`` (1.0: the task solved). Without the second
     condition every step of a segment where the strong model fails from the cut point anyway
-    (baseline 0) would be valid, a wrong write among them. They run in waves: the baselines and
+    (baseline 0) would be valid, a wrong write among them. With ``max_extra_steps`` k, the
+    rollout must also end within k agent steps of the baseline's: a draft the strong model
+    recovers from (a lookup with a wrong email that fails, the same lookup twice) still solves
+    the task, but costs a step and a round the strong model's own next step would not. They run in waves: the baselines and
     first prefixes of every job, then prefix j of each job whose prefix j-1 was valid. Labels are prefix-closed, so a
     prefix after a failed one is not rolled out (its reward is None, its label 0). ``concurrency``
     N > 1 runs N rollouts of a wave side by side, one per thread, their requests answered together
     in batched calls of ``strong`` (`BatchingEngine`), as `run_tasks` runs episodes: the labels
     are those of one-at-a-time rollouts up to the engine's batch-dependent numerics. ``on_done``
     is called once per rollout, run or skipped."""
-    rewards: dict[tuple[int, int], float] = {}
+    outcomes: dict[tuple[int, int], tuple[float, int]] = {}  # (reward, agent steps)
     engine, group = strong, None
     if concurrency > 1:
         from specagent.engines.batching import BatchingEngine, CallerGroup
@@ -378,16 +386,17 @@ def rollout_labels_many(jobs: Sequence[RolloutJob], strong: ChatEngine, max_step
 
     def run(unit: tuple[int, int]) -> None:
         if group is None:
-            rewards[unit] = rollout_reward(jobs[unit[0]], unit[1], engine, max_steps, max_tokens)
+            outcomes[unit] = rollout_outcome(jobs[unit[0]], unit[1], engine, max_steps, max_tokens)
         else:
             with group.member():
-                rewards[unit] = rollout_reward(jobs[unit[0]], unit[1], engine, max_steps, max_tokens)
+                outcomes[unit] = rollout_outcome(jobs[unit[0]], unit[1], engine, max_steps, max_tokens)
         if on_done:
             on_done()
 
     def valid(n: int, j: int) -> bool:  # drafted step j (1-based): as well as the baseline, and a solve
-        return (jobs[n].steps[j - 1].kind is not StepKind.MALFORMED
-                and rewards[n, j] >= max(rewards[n, 0], min_reward))
+        (reward, steps), (baseline, baseline_steps) = outcomes[n, j], outcomes[n, 0]
+        return (jobs[n].steps[j - 1].kind is not StepKind.MALFORMED and reward >= max(baseline, min_reward)
+                and (max_extra_steps is None or steps <= baseline_steps + max_extra_steps))
 
     wave = [(n, j) for n, job in enumerate(jobs) for j in range(min(len(job.steps), 1) + 1)]
     while wave:
@@ -411,8 +420,8 @@ def rollout_labels_many(jobs: Sequence[RolloutJob], strong: ChatEngine, max_step
                     on_done()
     out = []
     for n, job in enumerate(jobs):
-        labels = prefix_closed([(n, j) in rewards and valid(n, j) for j in range(1, len(job.steps) + 1)])
-        out.append((labels, [rewards.get((n, j)) for j in range(len(job.steps) + 1)]))
+        labels = prefix_closed([(n, j) in outcomes and valid(n, j) for j in range(1, len(job.steps) + 1)])
+        out.append((labels, [outcomes[n, j][0] if (n, j) in outcomes else None for j in range(len(job.steps) + 1)]))
     return out
 
 
@@ -425,12 +434,13 @@ def rollout_labels(
     max_steps: int = 8,
     max_tokens: int = 256,
     min_reward: float = 1.0,
+    max_extra_steps: int | None = None,
 ) -> tuple[list[int], list[float]]:
     """`rollout` labels (Monte-Carlo) of one segment: for each drafted prefix d1..dj, a live
-    environment restored to the cut point takes the prefix (`rollout_reward`), the strong model
+    environment restored to the cut point takes the prefix (`rollout_outcome`), the strong model
     continues, and the environment scores the episode. Step j is valid if that reward is at
     least the reward of the strong model continuing from the cut point alone and at least
-    ``min_reward``. Returns (labels, rewards with the baseline first). Many segments at once:
+    ``min_reward`` (and, with ``max_extra_steps`` k, ends within k agent steps of it). Returns (labels, rewards with the baseline first). Many segments at once:
     `rollout_labels_many`."""
     return rollout_labels_many([RolloutJob(restore_env, task_id, context, steps)], strong, max_steps, max_tokens,
-                               min_reward=min_reward)[0]
+                               min_reward=min_reward, max_extra_steps=max_extra_steps)[0]

@@ -288,6 +288,63 @@ def test_rollout_labeler_scores_drafted_prefixes_by_the_environment_reward(store
     assert labels == [int(rewards[1] >= 1.0)] and rewards[0] == 0.0  # the right write can rescue the cut
 
 
+def recovering_expert():
+    """The store expert, reading past its own detours: a call that failed or repeats an earlier
+    one is dropped from what it reads, so it goes on with its plan one step later."""
+    policy = expert_policy(StoreEnv())
+
+    def act(messages, tools):
+        kept, seen, i = [], set(), 0
+        while i < len(messages):
+            m = messages[i]
+            if m.role == "assistant" and m.tool_calls:
+                results = messages[i + 1: i + 1 + len(m.tool_calls)]
+                key = tuple((c.name, json.dumps(c.arguments, sort_keys=True)) for c in m.tool_calls)
+                if key in seen or any((r.content or "").startswith("Error") for r in results):
+                    i += 1 + len(results)
+                    continue
+                seen.add(key)
+            kept.append(m)
+            i += 1
+        return policy(kept, tools)
+
+    return ScriptedEngine(act)
+
+
+def test_rollout_max_extra_steps_calls_a_recovered_detour_invalid(store_trajectories):
+    """A drafted lookup that fails (an order that does not exist): the strong model goes on and
+    solves the task, one step later than alone. Without `max_extra_steps` the detour is valid;
+    with 0 it is not, with 1 it is, and the expert's own lookup there is valid with 0. The same
+    lookup drafted twice: the first valid, the repeat not."""
+    from specagent.runtime.drafting import restore
+    from specagent.runtime.labelers import rollout_labels
+
+    traj = next(t for t in store_trajectories if t.task_id == "lookups_then_write_01")
+    read_only = classify_tools(traj.tools)
+    cut = next(i for i, m in enumerate(traj.messages)
+               if m.tool_calls and m.tool_calls[0].name == "get_order_details")
+    strong = recovering_expert()
+
+    def restore_env():
+        return restore(StoreEnv, traj, cut, read_only)
+
+    def labels_of(steps, **kwargs):
+        return rollout_labels(restore_env, traj.task_id, traj.messages[:cut], steps, strong, **kwargs)
+
+    call = ToolCall("x", "get_order_details", {"order_id": "W0000"})
+    failed = Message(role="tool", content=restore_env().execute(call), tool_call_id="x", name=call.name)
+    assert failed.content.startswith("Error")
+    detour = DraftedStep(Message(role="assistant", tool_calls=(call,)), StepKind.READ, (failed,))
+    right = DraftedStep(traj.messages[cut], StepKind.READ, (traj.messages[cut + 1],))
+
+    assert labels_of([detour]) == ([1], [1.0, 1.0])  # the task is solved either way
+    assert labels_of([detour], max_extra_steps=0)[0] == [0]
+    assert labels_of([detour], max_extra_steps=1)[0] == [1]
+    assert labels_of([right], max_extra_steps=0)[0] == [1]
+    assert labels_of([right, right], max_extra_steps=0)[0] == [1, 0]
+    assert labels_of([right, right])[0] == [1, 1]
+
+
 def test_rollouts_run_side_by_side_give_the_one_at_a_time_labels_in_fewer_engine_calls(store_trajectories):
     """Every rollout of every segment, 8 at a time with the strong model's requests batched:
     the same labels and rewards as one at a time, a right and a wrong held write told apart in
