@@ -414,6 +414,10 @@ class MineConfig(Strict):
     # strong model alone): a draft the strong model recovers from (a lookup that fails on a wrong
     # email, a lookup repeated) still solves the task but costs a step and a round; None: not checked
     rollout_max_extra_steps: Optional[int] = Field(None, ge=0)
+    # and, when true, none of the step's calls failed (an "Error: ..." observation): after a lookup
+    # with a wrong email the strong model may go on without identifying the user, which the store's
+    # reward does not check, so the detour costs no step and scores as well
+    rollout_failed_calls_invalid: bool = False
     window: int = Field(4, gt=0)  # strong steps a drafted step may match (match labeler)
     validation_fraction: float = Field(0.2, ge=0.0, lt=1.0)  # of the groups (by a stable hash of the group)
     # explicit validation tasks (beats the fraction); every one must be a task of the trajectories

@@ -45,6 +45,7 @@ class DraftSettings:
     rollout_concurrency: int = 1  # rollouts run side by side, their strong requests batched
     rollout_min_reward: float = 1.0  # a drafted prefix is valid only if the rollout after it scores this
     rollout_max_extra_steps: int | None = None  # ... and ends within this many agent steps of the baseline
+    rollout_failed_calls_invalid: bool = False  # ... and none of its calls failed
     reference_segments: bool = False
     batch_trajectories: int = 1  # trajectories drafted together in one engine batch
 
@@ -185,7 +186,8 @@ def rollout_labels_of(trajs: Sequence[Trajectory], cuts_of: Sequence[Sequence[in
         labeled = rollout_labels_many(jobs, strong, settings.rollout_steps, settings.max_tokens,
                                       settings.rollout_concurrency, on_done=lambda: bar.update(1),
                                       min_reward=settings.rollout_min_reward,
-                                      max_extra_steps=settings.rollout_max_extra_steps)
+                                      max_extra_steps=settings.rollout_max_extra_steps,
+                                      failed_calls_invalid=settings.rollout_failed_calls_invalid)
     stats.seconds_in_engines += time.perf_counter() - start
     run = sum(reward is not None for _, rewards in labeled for reward in rewards)
     stats.extra["rollouts"] = stats.extra.get("rollouts", 0) + run  # those after a failed prefix are not run
@@ -334,6 +336,7 @@ def draft_settings(cfg: Any, **overrides: Any) -> DraftSettings:
         drafter_adapter=cfg.drafter_adapter, max_cuts=cfg.max_cuts_per_trajectory,
         rollout_steps=cfg.rollout_steps, rollout_concurrency=cfg.rollout_concurrency,
         rollout_min_reward=cfg.rollout_min_reward, rollout_max_extra_steps=cfg.rollout_max_extra_steps,
+        rollout_failed_calls_invalid=cfg.rollout_failed_calls_invalid,
         reference_segments=cfg.reference_segments,
         batch_trajectories=cfg.batch_trajectories, read_only=tuple(cfg.env.read_only), write=tuple(cfg.env.write),
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from specagent.core.canonical import normalise_text, same_step
-from specagent.core.interfaces import ChatEngine, ChatRequest
+from specagent.core.interfaces import ChatEngine, ChatRequest, failed_call
 from specagent.core.types import DraftedStep, Message, StepKind, ToolSpec, Usage
 from specagent.core.verify import parse_verdict, verify_messages
 
@@ -328,38 +328,41 @@ class RolloutJob:
 
 
 def rollout_outcome(job: RolloutJob, prefix: int, strong: ChatEngine, max_steps: int = 8,
-                    max_tokens: int = 256) -> tuple[float, int]:
-    """(reward, agent steps) of one rollout: a live environment restored to the cut point takes
-    the first ``prefix`` drafted steps (a held write executed as if approved, a held reply
+                    max_tokens: int = 256) -> tuple[float, int, bool]:
+    """(reward, agent steps, failed) of one rollout: a live environment restored to the cut point
+    takes the first ``prefix`` drafted steps (a held write executed as if approved, a held reply
     answered by the user), then the strong model continues for up to ``max_steps`` steps. The
-    agent steps are the episode's assistant turns, the context's included."""
+    agent steps are the episode's assistant turns, the context's included; ``failed``: a call of
+    the prefix's last step failed (its observation, `failed_call`)."""
     from specagent.core.protocol import Models, ProtocolConfig, run_episode
 
     def steps(messages: Sequence[Message]) -> int:
         return sum(m.role == "assistant" for m in messages)
 
     env = job.restore_env()
-    messages = list(job.context)
+    messages, failed = list(job.context), False
     for step in job.steps[:prefix]:
         messages.append(step.message)
-        if step.observations:
-            messages.extend(step.observations)
-            continue
-        for call in step.message.tool_calls:  # the held write, executed as approved
-            messages.append(Message(role="tool", content=env.execute(call), tool_call_id=call.id, name=call.name))
+        results = list(step.observations)
+        if not results:
+            for call in step.message.tool_calls:  # the held write, executed as approved
+                results.append(Message(role="tool", content=env.execute(call), tool_call_id=call.id, name=call.name))
+        messages.extend(results)
+        failed = any(failed_call(r.content) for r in results)
         if not step.message.tool_calls:  # a held reply: the user answers or the conversation ends
             answer = env.user_turn(step.message.content or "")
             if answer is None:
-                return env.reward(messages).reward, steps(messages)
+                return env.reward(messages).reward, steps(messages), failed
             messages.append(Message(role="user", content=answer))
     budget = ProtocolConfig(max_steps=steps(messages) + max_steps, max_tokens=max_tokens)
     episode = run_episode(env, job.task_id, "strong", Models(strong=strong), budget, start_from=messages)
-    return episode.reward, steps(episode.messages)
+    return episode.reward, steps(episode.messages), failed
 
 
 def rollout_labels_many(jobs: Sequence[RolloutJob], strong: ChatEngine, max_steps: int = 8, max_tokens: int = 256,
                         concurrency: int = 1, on_done: Callable[[], None] | None = None, min_reward: float = 1.0,
-                        max_extra_steps: int | None = None) -> list[tuple[list[int], list[float | None]]]:
+                        max_extra_steps: int | None = None, failed_calls_invalid: bool = False,
+                        ) -> list[tuple[list[int], list[float | None]]]:
     """`rollout` labels of many segments: (labels, rewards with the baseline first) per job.
 
     A job's rollouts are the baseline (the strong model alone from the cut point) and one per
@@ -368,15 +371,18 @@ def rollout_labels_many(jobs: Sequence[RolloutJob], strong: ChatEngine, max_step
     condition every step of a segment where the strong model fails from the cut point anyway
     (baseline 0) would be valid, a wrong write among them. With ``max_extra_steps`` k, the
     rollout must also end within k agent steps of the baseline's: a draft the strong model
-    recovers from (a lookup with a wrong email that fails, the same lookup twice) still solves
-    the task, but costs a step and a round the strong model's own next step would not. They run in waves: the baselines and
+    recovers from (the same lookup twice, a needless one) still solves the task, but costs a
+    step and a round the strong model's own next step would not. With ``failed_calls_invalid``,
+    a step whose call failed (`failed_call`: a lookup with a wrong email, a refused write) is
+    invalid whatever follows: the strong model may go on without the lookup at no step's cost,
+    the store's reward not checking that the user was identified. They run in waves: the baselines and
     first prefixes of every job, then prefix j of each job whose prefix j-1 was valid. Labels are prefix-closed, so a
     prefix after a failed one is not rolled out (its reward is None, its label 0). ``concurrency``
     N > 1 runs N rollouts of a wave side by side, one per thread, their requests answered together
     in batched calls of ``strong`` (`BatchingEngine`), as `run_tasks` runs episodes: the labels
     are those of one-at-a-time rollouts up to the engine's batch-dependent numerics. ``on_done``
     is called once per rollout, run or skipped."""
-    outcomes: dict[tuple[int, int], tuple[float, int]] = {}  # (reward, agent steps)
+    outcomes: dict[tuple[int, int], tuple[float, int, bool]] = {}  # (reward, agent steps, failed)
     engine, group = strong, None
     if concurrency > 1:
         from specagent.engines.batching import BatchingEngine, CallerGroup
@@ -394,9 +400,10 @@ def rollout_labels_many(jobs: Sequence[RolloutJob], strong: ChatEngine, max_step
             on_done()
 
     def valid(n: int, j: int) -> bool:  # drafted step j (1-based): as well as the baseline, and a solve
-        (reward, steps), (baseline, baseline_steps) = outcomes[n, j], outcomes[n, 0]
+        (reward, steps, failed), (baseline, baseline_steps, _) = outcomes[n, j], outcomes[n, 0]
         return (jobs[n].steps[j - 1].kind is not StepKind.MALFORMED and reward >= max(baseline, min_reward)
-                and (max_extra_steps is None or steps <= baseline_steps + max_extra_steps))
+                and (max_extra_steps is None or steps <= baseline_steps + max_extra_steps)
+                and not (failed_calls_invalid and failed))
 
     wave = [(n, j) for n, job in enumerate(jobs) for j in range(min(len(job.steps), 1) + 1)]
     while wave:
@@ -435,12 +442,15 @@ def rollout_labels(
     max_tokens: int = 256,
     min_reward: float = 1.0,
     max_extra_steps: int | None = None,
+    failed_calls_invalid: bool = False,
 ) -> tuple[list[int], list[float]]:
     """`rollout` labels (Monte-Carlo) of one segment: for each drafted prefix d1..dj, a live
     environment restored to the cut point takes the prefix (`rollout_outcome`), the strong model
     continues, and the environment scores the episode. Step j is valid if that reward is at
     least the reward of the strong model continuing from the cut point alone and at least
-    ``min_reward`` (and, with ``max_extra_steps`` k, ends within k agent steps of it). Returns (labels, rewards with the baseline first). Many segments at once:
+    ``min_reward`` (and, with ``max_extra_steps`` k, ends within k agent steps of it; with
+    ``failed_calls_invalid``, no call of step j failed). Returns (labels, rewards with the baseline first). Many segments at once:
     `rollout_labels_many`."""
     return rollout_labels_many([RolloutJob(restore_env, task_id, context, steps)], strong, max_steps, max_tokens,
-                               min_reward=min_reward, max_extra_steps=max_extra_steps)[0]
+                               min_reward=min_reward, max_extra_steps=max_extra_steps,
+                               failed_calls_invalid=failed_calls_invalid)[0]

@@ -345,6 +345,36 @@ def test_rollout_max_extra_steps_calls_a_recovered_detour_invalid(store_trajecto
     assert labels_of([right, right])[0] == [1, 1]
 
 
+def test_rollout_failed_calls_invalid_calls_a_failed_lookup_invalid_at_no_step_cost(store_trajectories):
+    """The plain store expert takes a failed lookup in place of one of its own (it counts its
+    lookups): the task is solved in as many steps as alone, so neither the reward nor
+    `max_extra_steps` tells the detour apart; `failed_calls_invalid` does, and keeps the
+    expert's own lookup valid."""
+    from specagent.runtime.drafting import restore
+    from specagent.runtime.labelers import rollout_labels
+
+    traj = next(t for t in store_trajectories if t.task_id == "lookups_then_write_01")
+    read_only = classify_tools(traj.tools)
+    cut = next(i for i, m in enumerate(traj.messages)
+               if m.tool_calls and m.tool_calls[0].name == "get_order_details")
+    strong = ScriptedEngine(expert_policy(StoreEnv()))
+
+    def restore_env():
+        return restore(StoreEnv, traj, cut, read_only)
+
+    def labels_of(steps, **kwargs):
+        return rollout_labels(restore_env, traj.task_id, traj.messages[:cut], steps, strong, **kwargs)[0]
+
+    call = ToolCall("x", "get_order_details", {"order_id": "W0000"})
+    failed = Message(role="tool", content=restore_env().execute(call), tool_call_id="x", name=call.name)
+    detour = DraftedStep(Message(role="assistant", tool_calls=(call,)), StepKind.READ, (failed,))
+    right = DraftedStep(traj.messages[cut], StepKind.READ, (traj.messages[cut + 1],))
+    assert labels_of([detour], max_extra_steps=0) == [1]
+    assert labels_of([detour], failed_calls_invalid=True) == [0]
+    assert labels_of([right, detour], failed_calls_invalid=True) == [1, 0]
+    assert labels_of([right], failed_calls_invalid=True, max_extra_steps=0) == [1]
+
+
 def test_rollouts_run_side_by_side_give_the_one_at_a_time_labels_in_fewer_engine_calls(store_trajectories):
     """Every rollout of every segment, 8 at a time with the strong model's requests batched:
     the same labels and rewards as one at a time, a right and a wrong held write told apart in
