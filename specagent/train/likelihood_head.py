@@ -17,6 +17,9 @@ token probabilities (`engines/likelihood_head.py`), the strong model's weights u
 4. A head that accepts or rejects nearly every calibration step is degenerate: the command
    fails with its figures and saves no head, unless ``allow_degenerate`` (then it is saved,
    flagged, and the runtime serves it only at a threshold given explicitly).
+5. A head that the untrained rule beats on the calibration rows (no more false accepts and no
+   more false rejects, fewer of one) is saved, with a warning and ``greedy_rule_dominates`` in
+   metrics.json: serving it can only cost what the rule would not.
 
 Output under `output_dir`: `head/likelihood_head.json` (what `verifier: {kind: likelihood,
 head: <output_dir>}` loads), `metrics.json`, `features.jsonl` (per step: task, label, features,
@@ -39,7 +42,7 @@ from specagent.engines.verdict_likelihood import (GREEDY, checked_entries, greed
 from specagent.records.segments import VerdictRow
 from specagent.runtime.provenance import write_run_info
 from specagent.train.common import load_splits
-from specagent.train.verdict_metrics import calibrate, head_metrics
+from specagent.train.verdict_metrics import calibrate, dominated, head_metrics
 
 
 class DegenerateHead(SpecAgentError):
@@ -183,6 +186,7 @@ def train_likelihood_head(cfg: VerdictTrainConfig, engine: Any = None) -> dict[s
         "on_training_rows": head_metrics(train_scores, train_labels, threshold),
         **rule_and_sweep(cal_entries, cal_labels, cal_scores),
     }
+    metrics["greedy_rule_dominates"] = dominated(calibrated, by=metrics["greedy_rule"])
     scored = [("calibration", cal_tasks, cal_entries, cal_labels, cal_scores)]
     if held_out is not None:  # the threshold is fixed: these rows only measure it
         entries, labels, tasks = held_out
@@ -201,6 +205,12 @@ def train_likelihood_head(cfg: VerdictTrainConfig, engine: Any = None) -> dict[s
     print(f"likelihood head: {out / 'head'}   metrics: {out / 'metrics.json'}   ({len(flat_labels)} training steps)")
     print(f"calibration ({source}): {line(calibrated)}")
     print(f"greedy rule on the same rows: {line(metrics['greedy_rule'])}")
+    if metrics["greedy_rule_dominates"]:
+        rule = metrics["greedy_rule"]
+        print(f"warning: on the calibration rows the greedy rule (no head) is as good on both errors and better on one "
+              f"(false accepts {rule['false_accept_rate']:.3f} against the head's {calibrated['false_accept_rate']:.3f}, "
+              f"false rejects {rule['false_reject_rate']:.3f} against {calibrated['false_reject_rate']:.3f}): "
+              "the head gains nothing over `verifier: {kind: likelihood}` without it")
     if held_out is not None:
         print(f"evaluation ({cfg.evaluation}, at the calibrated threshold): {line(at_threshold)}")
     if not head.degenerate or cfg.allow_degenerate:

@@ -6,7 +6,8 @@ or predicted accepted-prefix lengths (a generative verdict) into the figures use
 - `prefix_accuracy`: the predicted accepted prefix equals the labeled one;
 - `false_accept_rate`: invalid steps the verdict would commit (the costly error);
 - `false_reject_rate`: valid steps it would send to repair;
-- `accept_rate` and a `degenerate` flag for a verdict that accepts or rejects nearly all.
+- `accept_rate` and a `degenerate` flag for a verdict that accepts or rejects nearly all;
+- `dominated`: a verdict that another makes no fewer errors of either kind than, on the same rows.
 """
 
 from __future__ import annotations
@@ -73,6 +74,16 @@ def head_metrics(scores: Sequence[Sequence[float]], labels: Sequence[Sequence[in
     predicted = [accepted_prefix(row, threshold) for row in scores]
     return {"threshold": threshold, "auroc": auroc(flat_scores, flat_labels),
             **prefix_metrics(predicted, labels), "decoded_tokens_per_verdict": 0.0}
+
+
+def dominated(figures: dict[str, Any], by: dict[str, Any]) -> bool:
+    """Whether ``by`` (e.g. the untrained greedy rule) is at least as good as ``figures`` (a head at
+    its threshold) on both errors on the same rows, and better on one: then the head gains nothing
+    there. False where either rate is missing (a class absent)."""
+    pairs = [(figures.get(k), by.get(k)) for k in ("false_accept_rate", "false_reject_rate")]
+    if any(a is None or b is None for a, b in pairs):
+        return False
+    return all(b <= a for a, b in pairs) and any(b < a for a, b in pairs)
 
 
 def calibrate(scores: Sequence[Sequence[float]], labels: Sequence[Sequence[int]], target_false_accept: float) -> float:

@@ -24,6 +24,22 @@ def test_features_of_a_greedy_step_and_of_one_that_leaves_the_greedy_path():
     assert features["greedy_run_share"] == 0.25
 
 
+def test_a_head_the_greedy_rule_beats_on_both_errors_is_dominated():
+    """The strict-label quickstart head: 4.8% false accepts and 3.6% false rejects against the
+    rule's 0% and 3.6% on the same calibration rows. A trade (fewer false rejects for more false
+    accepts) is not dominated, nor is a tie, nor figures with a rate missing."""
+    from specagent.train.verdict_metrics import dominated
+
+    def figures(fa, fr):
+        return {"false_accept_rate": fa, "false_reject_rate": fr}
+
+    assert dominated(figures(0.048, 0.036), by=figures(0.0, 0.036))
+    assert dominated(figures(0.05, 0.10), by=figures(0.02, 0.05))
+    assert not dominated(figures(0.047, 0.147), by=figures(0.023, 0.307))  # the loose-label head: a trade
+    assert not dominated(figures(0.02, 0.05), by=figures(0.02, 0.05))
+    assert not dominated(figures(None, 0.05), by=figures(0.0, 0.0))
+
+
 def test_a_fit_head_orders_steps_and_round_trips_through_its_file(tmp_path):
     valid = [step_features([[-0.1, 1.0]] * n) for n in range(3, 13)]
     invalid = [step_features([[-0.1, 1.0], [math.log(p), 0.0], [-0.2, 1.0]]) for p in (0.01, 0.05, 0.1, 0.2, 0.3)]
@@ -80,6 +96,7 @@ def test_training_scores_rows_as_the_verifier_serves_them_and_calibrates_on_othe
     from specagent.engines.verdict_likelihood import LikelihoodVerifier, likelihood_request, step_entries
     from specagent.records.segments import VerdictRow
     from specagent.train.likelihood_head import train_likelihood_head
+    from specagent.train.verdict_metrics import dominated
     from tests.train.conftest import VALIDATION
 
     cfg = train_cfg(mined, tmp_path / "head", "allow_degenerate=true")
@@ -87,6 +104,7 @@ def test_training_scores_rows_as_the_verifier_serves_them_and_calibrates_on_othe
     assert metrics["calibration_tasks"] == sorted(VALIDATION)  # the validation split, never a training task
     assert metrics["calibrated"]["decoded_tokens_per_verdict"] == 0.0
     assert len(metrics["sweep"]) > 3 and "greedy_rule" in metrics
+    assert metrics["greedy_rule_dominates"] == dominated(metrics["calibrated"], by=metrics["greedy_rule"])
     head = LikelihoodHead.load(tmp_path / "head")
     assert head.calibration_tasks == tuple(sorted(VALIDATION)) and head.threshold == metrics["threshold"]
 
