@@ -375,9 +375,10 @@ def rollout_labels_many(jobs: Sequence[RolloutJob], strong: ChatEngine, max_step
     step and a round the strong model's own next step would not. With ``failed_calls_invalid``,
     a step whose call failed (`failed_call`: a lookup with a wrong email, a refused write) is
     invalid whatever follows: the strong model may go on without the lookup at no step's cost,
-    the store's reward not checking that the user was identified. They run in waves: the baselines and
-    first prefixes of every job, then prefix j of each job whose prefix j-1 was valid. Labels are prefix-closed, so a
-    prefix after a failed one is not rolled out (its reward is None, its label 0). ``concurrency``
+    the store's reward not checking that the user was identified. They run in waves: the
+    baselines and first prefixes of every job, then prefix j of each job whose prefix j-1 was
+    valid. Labels are prefix-closed, so a prefix after a failed one is not rolled out (its
+    reward is None, its label 0). ``concurrency``
     N > 1 runs N rollouts of a wave side by side, one per thread, their requests answered together
     in batched calls of ``strong`` (`BatchingEngine`), as `run_tasks` runs episodes: the labels
     are those of one-at-a-time rollouts up to the engine's batch-dependent numerics. ``on_done``
@@ -449,8 +450,8 @@ def rollout_labels(
     continues, and the environment scores the episode. Step j is valid if that reward is at
     least the reward of the strong model continuing from the cut point alone and at least
     ``min_reward`` (and, with ``max_extra_steps`` k, ends within k agent steps of it; with
-    ``failed_calls_invalid``, no call of step j failed). Returns (labels, rewards with the baseline first). Many segments at once:
-    `rollout_labels_many`."""
+    ``failed_calls_invalid``, no call of step j failed). Returns (labels, rewards with the
+    baseline first). Many segments at once: `rollout_labels_many`."""
     return rollout_labels_many([RolloutJob(restore_env, task_id, context, steps)], strong, max_steps, max_tokens,
                                min_reward=min_reward, max_extra_steps=max_extra_steps,
                                failed_calls_invalid=failed_calls_invalid)[0]

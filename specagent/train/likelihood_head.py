@@ -208,7 +208,8 @@ def train_likelihood_head(cfg: VerdictTrainConfig, engine: Any = None) -> dict[s
     if metrics["greedy_rule_dominates"]:
         rule = metrics["greedy_rule"]
         print(f"warning: on the calibration rows the greedy rule (no head) is as good on both errors and better on one "
-              f"(false accepts {rule['false_accept_rate']:.3f} against the head's {calibrated['false_accept_rate']:.3f}, "
+              f"(false accepts {rule['false_accept_rate']:.3f} against the head's "
+              f"{calibrated['false_accept_rate']:.3f}, "
               f"false rejects {rule['false_reject_rate']:.3f} against {calibrated['false_reject_rate']:.3f}): "
               "the head gains nothing over `verifier: {kind: likelihood}` without it")
     if held_out is not None:
