@@ -20,6 +20,7 @@ drafted segment and by tool.
 
 from __future__ import annotations
 
+
 import argparse
 import dataclasses
 import json
@@ -85,6 +86,9 @@ def main() -> None:
                              "served on its own engine with the same settings, no LoRA path")
     parser.add_argument("--drafters", nargs="+", choices=["base", "tuned"], default=["base", "tuned"],
                         help="which drafters draft (default both, in one run)")
+    parser.add_argument("--stop-repeats", action="store_true",
+                        help="draft with protocol.draft_stop_repeats (a lookup repeated since the last user turn "
+                             "or write ends the draft; counted as a drafted step that is not accepted)")
     parser.add_argument("--out", default="runs/bench/drafter_acceptance.json")
     parser.add_argument("--segments", default=None,
                         help="also write every labeled drafted segment, per drafter, to <SEGMENTS>.<base|tuned>.jsonl")
@@ -95,6 +99,8 @@ def main() -> None:
         raise SystemExit(f"{args.adapter}: no adapter there (train one with `specagent train drafter`)")
     mine = load_config(MineConfig, Path(args.mined) / "mine_config.yaml")
     data = held_out(AcceptanceSettings(mined=args.mined, limit=args.limit, max_cuts_per_trajectory=args.cuts))
+    if args.stop_repeats:  # the runtime's repeat rule; each repeat counts as a drafted step, not accepted
+        data = dataclasses.replace(data, settings=dataclasses.replace(data.settings, draft_stop_repeats=True))
     results, shared = {}, None
     try:
         for name in ("base", "tuned"):

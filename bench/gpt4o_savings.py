@@ -98,7 +98,8 @@ def live_drafter(engine: Any, env: EnvConfig, args: argparse.Namespace, adapter:
 
             jobs.append(DraftJob(context, execute, args.max_draft_steps))
         first = requests[0][0]  # the imported runs share one tool list
-        segments = draft_batch(engine, jobs, first.tools, read_only(first), args.max_tokens, adapter)
+        segments = draft_batch(engine, jobs, first.tools, read_only(first), args.max_tokens, adapter,
+                               stop_repeats=args.stop_repeats)
         rounds[0] += 1
         print(f"round {rounds[0]}: {len(requests)} runs drafted, {sum(len(s.steps) for s in segments)} steps, "
               f"{time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
@@ -157,6 +158,9 @@ def main() -> None:
     parser.add_argument("--max-draft-steps", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=192, help="per drafted step")
     parser.add_argument("--window", type=int, default=4, help="the match labeler's window")
+    parser.add_argument("--stop-repeats", action="store_true",
+                        help="draft with protocol.draft_stop_repeats: a lookup repeated since the last user turn or "
+                             "write ends the draft, and GPT-4o writes that step")
     parser.add_argument("--out", default="runs/bench/gpt4o_savings.json")
     args = parser.parse_args()
 

@@ -248,6 +248,10 @@ class ProtocolSettings(Strict):
     # the repair goes on from there (a likelihood verdict with continue_repairs; other verdicts
     # ignore it). Saves the drafter's decoding of steps it would get wrong.
     draft_stop_below: float = Field(0.0, ge=0.0, lt=1.0)
+    # A drafted read-only step that repeats a call made since the last user turn or state-changing
+    # call ends the draft without it: its results are in the context already. A small drafter
+    # re-issues the lookup it just made; GPT-4o's airline runs never do within a user turn.
+    draft_stop_repeats: bool = False
 
 
 class RuntimeSpec(Strict):

@@ -9,7 +9,13 @@ through the same function, so the drafting rules are written once:
 - a read-only call the environment cannot answer (``can_execute`` false: a call the
   replay log never recorded) ends the draft without that step;
 - a step the drafter stops writing because it is unsure (``stop_below``: its next token's
-  probability is below it) ends the draft; its text so far is the segment's ``partial``.
+  probability is below it) ends the draft; its text so far is the segment's ``partial``;
+- with ``stop_repeats``, a read-only step whose every call was already made, with the same
+  arguments, since the context's last user turn or state-changing call ends the draft without
+  that step (`repeats_a_read`): its results are in the context already. A small drafter
+  re-issues the lookup it just made (the airline drafter: 33 of its 67 drafted lookups at 4 cut
+  points of the held-out runs); GPT-4o's 100 airline runs never do within a user turn (0 of 454
+  read calls).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
+from specagent.core.canonical import canonical_call
 from specagent.core.classify import drafted
 from specagent.core.errors import ContextLengthExceeded
 from specagent.core.interfaces import ChatEngine, ChatRequest, Completion
@@ -43,6 +50,21 @@ class DraftJob:
 ENDED_BY = {StepKind.WRITE: "held", StepKind.REPLY: "held", StepKind.MALFORMED: "malformed"}
 
 
+def repeats_a_read(context: Sequence[Message], message: Message, read_only: dict[str, bool]) -> bool:
+    """Whether every call of ``message`` was made, with the same arguments, since the context's
+    last user turn or state-changing call (so its results are in the context, unchanged)."""
+    made: set[str] = set()
+    for m in context:
+        if m.role == "user":
+            made.clear()
+        for call in m.tool_calls if m.role == "assistant" else ():
+            if read_only.get(call.name, False):
+                made.add(canonical_call(call.name, call.arguments))
+            else:
+                made.clear()
+    return bool(message.tool_calls) and all(canonical_call(c.name, c.arguments) in made for c in message.tool_calls)
+
+
 def draft_batch(
     engine: ChatEngine,
     jobs: Sequence[DraftJob],
@@ -52,6 +74,7 @@ def draft_batch(
     adapter: str | None = None,
     on_usage: Callable[[Usage], None] = lambda usage: None,
     stop_below: float = 0.0,
+    stop_repeats: bool = False,
 ) -> list[Segment]:
     contexts = [list(job.context) for job in jobs]
     steps: list[list[DraftedStep]] = [[] for _ in jobs]
@@ -73,6 +96,9 @@ def draft_batch(
             message = assign_call_ids(completion.message, len(contexts[i]))
             step = drafted(message, read_only, completion.malformed)
             if step.kind is StepKind.READ:
+                if stop_repeats and repeats_a_read(contexts[i], message, read_only):
+                    ended[i] = "repeat"
+                    continue
                 if not all(jobs[i].can_execute(call) for call in message.tool_calls):
                     ended[i] = "unrecorded"
                     unrecorded[i] = tuple(call.name for call in message.tool_calls)

@@ -39,6 +39,9 @@ class ProtocolConfig:
     # the drafter stops a step at its first token less likely than this (0: never); the unfinished
     # step is verified with the rest and the repair goes on from the part S would write
     draft_stop_below: float = 0.0
+    # the drafter's read-only step that repeats a call made since the last user turn or write ends
+    # the draft without it (its results are in the context already)
+    draft_stop_repeats: bool = False
     tool_timeout_s: float = 30.0
     read_only: tuple[str, ...] = ()  # user allow list: these tools are read-only
     write: tuple[str, ...] = ()  # user deny list: these tools are state-changing
@@ -224,7 +227,9 @@ class EpisodeRunner:
             else:
                 bad = step.kind is StepKind.MALFORMED
                 self._record(step, "weak", StepStatus.MALFORMED if bad else StepStatus.REJECTED)
-        all_in = accepted == len(segment.steps) and segment.partial is None
+        # a draft ended by a repeated lookup (draft_stop_repeats) held a next step it did not keep:
+        # S writes that step, as after a rejection (else a drafter that only repeats would stall)
+        all_in = accepted == len(segment.steps) and segment.partial is None and segment.ended_by != "repeat"
         if not all_in:  # the strong model repairs step accepted+1, from a prefix of the verify prompt
             # the opening is of the step being repaired: a rejected verifiable step, or the unfinished
             # one after every drafted step was accepted (none follows a malformed step)
@@ -266,7 +271,8 @@ class EpisodeRunner:
             self.episode.ledger.record("weak", "draft", usage, cost)
 
         return draft_batch(self.models.weak, [job], self.tools, self.read_only, self.config.max_tokens,
-                           self.models.weak_adapter, record, self.config.draft_stop_below)[0]
+                           self.models.weak_adapter, record, self.config.draft_stop_below,
+                           stop_repeats=self.config.draft_stop_repeats)[0]
 
     def _engine(self, model: str) -> ChatEngine:
         return self.models.strong if model == "strong" else self.models.weak

@@ -160,7 +160,7 @@ class Segment:
 
     context_len: int
     steps: tuple[DraftedStep, ...]
-    ended_by: str = ""  # held | malformed | max_steps | unrecorded | unsure
+    ended_by: str = ""  # held | malformed | max_steps | unrecorded | unsure | repeat | context_length
     # replay mining: the tools of the drafted lookup that could not run (the log never made
     # it); it is not in `steps` (it has no observation) but counts as a drafted, rejected step
     unrecorded: tuple[str, ...] = ()

@@ -152,6 +152,8 @@ ENDED_BY = {
     "max_steps": "the draft reached `protocol.max_draft_steps`.",
     "unrecorded": "the drafter made a read-only call the log never recorded (replay mode); the draft ends there, "
                   "and that call counts as a drafted step that is not accepted. A live environment runs it instead.",
+    "repeat": "the drafter repeated a read-only call made since the last user turn or state-changing call "
+              "(`protocol.draft_stop_repeats`); the draft ends before it: its results are in the context already.",
     "context_length": "the context before the cut point, plus the draft so far, no longer fit the drafter's "
                       "`drafter.max_model_len`: no further step was drafted. Long runs reach it at their last cut "
                       "points. Raise `drafter.max_model_len`, or shorten every prompt with a compact prompt "

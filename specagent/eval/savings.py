@@ -161,7 +161,10 @@ class Walk:
             self._advance()
         else:
             self._advance()
-            if (a < len(segment.steps) or not segment.steps) and self.pos < len(self.cuts):
+            # the strong model writes the next step after a rejection, an empty draft, or a draft
+            # ended by a repeated lookup (draft_stop_repeats: the runtime repairs there too)
+            refused = a < len(segment.steps) or not segment.steps or segment.ended_by == "repeat"
+            if refused and self.pos < len(self.cuts):
                 record["repaired"] = self.cuts[self.pos]
                 self._set(self.pos, "repaired", record)
                 self._advance()

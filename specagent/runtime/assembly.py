@@ -111,6 +111,7 @@ def protocol_config(protocol: ProtocolSettings, env: EnvConfig) -> ProtocolConfi
         max_steps=protocol.max_steps,
         max_tokens=protocol.max_tokens,
         draft_stop_below=protocol.draft_stop_below,
+        draft_stop_repeats=protocol.draft_stop_repeats,
         tool_timeout_s=env.tool_timeout_s,
         read_only=tuple(env.read_only),
         write=tuple(env.write),

@@ -36,6 +36,7 @@ class DraftSettings:
     max_draft_steps: int = 4
     max_tokens: int = 192
     draft_stop_below: float = 0.0  # the runtime's stop rule (ProtocolSettings.draft_stop_below)
+    draft_stop_repeats: bool = False  # the runtime's repeat rule (ProtocolSettings.draft_stop_repeats)
     drafter_adapter: str | None = None
     read_only: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
@@ -162,7 +163,8 @@ def draft_trajectories(
         first = trajs[members[0]]
         read_only = classify_tools(first.tools, settings.read_only, settings.write, strict=False)
         drafted = draft_batch(drafter, jobs, first.tools, read_only, settings.max_tokens,
-                              settings.drafter_adapter, on_usage, settings.draft_stop_below)
+                              settings.drafter_adapter, on_usage, settings.draft_stop_below,
+                              stop_repeats=settings.draft_stop_repeats)
         for n, seg in zip(owners, drafted):
             segments_of[n].append(seg)
     rollouts = (rollout_labels_of(trajs, cuts_of, segments_of, settings, stats, strong, restore_for)
@@ -290,15 +292,17 @@ def segment_stats(segments: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     A draft that ended at an unrecorded lookup (replay) drafted that lookup too: it counts
     as a drafted step that is not accepted (the strong run never made the call there), at
-    the next position and under its tool."""
+    the next position and under its tool. So does a draft ended by a repeated lookup
+    (`draft_stop_repeats`), under `repeat`: the rule does not raise acceptance by leaving the
+    drafter's repeats out of the count."""
     drafted = accepted = 0
     by_position: dict[int, Counter] = defaultdict(Counter)
     by_tool: dict[str, Counter] = defaultdict(Counter)
     ended = Counter(s["ended_by"] for s in segments)
     for seg in segments:
         scored = [(step_tools(step), label) for step, label in zip(seg["steps"], seg["labels"])]
-        if seg["ended_by"] == "unrecorded":  # shards mined before the field carry no names
-            scored.append((seg.get("unrecorded") or ["unrecorded"], 0))
+        if seg["ended_by"] in ("unrecorded", "repeat"):  # shards mined before the field carry no names
+            scored.append((seg.get("unrecorded") or [seg["ended_by"]], 0))
         for pos, (names, label) in enumerate(scored, 1):
             drafted += 1
             accepted += label
@@ -333,6 +337,7 @@ def draft_settings(cfg: Any, **overrides: Any) -> DraftSettings:
     settings = DraftSettings(
         labelers=tuple(cfg.labelers), window=cfg.window, max_draft_steps=cfg.protocol.max_draft_steps,
         max_tokens=cfg.protocol.max_tokens, draft_stop_below=cfg.protocol.draft_stop_below,
+        draft_stop_repeats=cfg.protocol.draft_stop_repeats,
         drafter_adapter=cfg.drafter_adapter, max_cuts=cfg.max_cuts_per_trajectory,
         rollout_steps=cfg.rollout_steps, rollout_concurrency=cfg.rollout_concurrency,
         rollout_min_reward=cfg.rollout_min_reward, rollout_max_extra_steps=cfg.rollout_max_extra_steps,

@@ -158,6 +158,11 @@ def test_segment_stats_counts_an_unrecorded_lookup_as_drafted_and_rejected():
     assert stats["by_position"]["2"] == {"drafted": 2, "accepted": 1, "rate": 0.5}
     assert stats["by_tool"]["search"] == {"drafted": 1, "accepted": 0, "rate": 0.0}
     assert stats["by_tool"]["unrecorded"]["drafted"] == 1
+    # a draft ended by a repeated lookup (draft_stop_repeats): the repeat counts, rejected, under `repeat`
+    repeat = {"ended_by": "repeat", "steps": [lookup], "labels": [1]}
+    stats = segment_stats([done, repeat])
+    assert (stats["drafted_steps"], stats["accepted_steps"]) == (4, 3)
+    assert stats["by_tool"]["repeat"] == {"drafted": 1, "accepted": 0, "rate": 0.0}
 
 
 def step(message, kind):

@@ -211,6 +211,24 @@ def test_an_empty_draft_is_repaired_without_a_verify_pass():
     assert figures(r) == (0, 100, 0, 0, 4, 0, 4, 0, True)
 
 
+def test_a_draft_ended_by_a_repeated_lookup_has_its_next_step_repaired_in_the_same_round():
+    """The drafter's lookup A, then A again (`draft_stop_repeats` ends the draft before it): A is
+    supplied and GPT-4o writes B in that round, as the runtime's S would; the next rounds
+    replay the rest."""
+    def repeat_then_replay(requests):
+        out = []
+        for run, cut, context in requests:
+            if cut == 2:
+                out.append(Segment(cut, (recorded(run, 2, RO),), "repeat"))
+            else:
+                out.extend(replayer(RO, 4)([(run, cut, context)]))
+        return out
+
+    r = run_tiny(repeat_then_replay)
+    assert r.trace[0]["supplied"] == [2] and r.trace[0]["repaired"] == 4
+    assert figures(r) == (80, 20, 0, 0, 3, 3, 1, 0, True)
+
+
 def test_a_verdict_is_clamped_to_the_verifiable_steps():
     r = run_tiny(replayer(RO, 4), lambda run, context, segment: 99)
     assert figures(r) == (100, 0, 0, 0, 2, 2, 0, 0, True)
@@ -327,22 +345,24 @@ def test_the_bench_drafts_in_the_live_airline_env_restored_to_each_point(airline
 
     airline = AirlineEnvSettings(data_dir=str(AIRLINE_RUNS.parent), runs=str(AIRLINE_RUNS))
     env = EnvConfig(name="airline", airline=airline)
-    args = argparse.Namespace(max_draft_steps=4, max_tokens=192)
-    live = bench.live_drafter(ScriptedEngine(gpt4o_next), env, args, None)
-    observed: list[Message] = []
-
-    def draft(requests):
-        segments = live(requests)
-        observed.extend(o for s in segments for step in s.steps for o in step.observations)
-        return segments
-
-    r = simulate([run], draft, None, chars, lambda _: ro)[0]
     total = sum(chars(m) for m in steps)
-    # as the exact replayer above: {T} {L L T} {L T} {T} {L T} {T} {W} {T}
-    assert (r.supplied_tokens, r.tokens, r.rounds, r.repaired_steps, r.false_accepts) == (total, total, 8, 0, 0)
-    # the drafted lookups ran in the live env: their observations are GPT-4o's recorded ones
     recorded_obs = {m.content for m in run.messages if m.role == "tool"}
-    assert len(observed) == 4 and all(m.content in recorded_obs for m in observed)  # user, reservation, search, think
+    # with the repeat rule too: GPT-4o never repeats a read within a user turn, so nothing changes
+    for stop_repeats in (False, True):
+        args = argparse.Namespace(max_draft_steps=4, max_tokens=192, stop_repeats=stop_repeats)
+        live = bench.live_drafter(ScriptedEngine(gpt4o_next), env, args, None)
+        observed: list[Message] = []
+
+        def draft(requests):
+            segments = live(requests)
+            observed.extend(o for s in segments for step in s.steps for o in step.observations)
+            return segments
+
+        r = simulate([run], draft, None, chars, lambda _: ro)[0]
+        # as the exact replayer above: {T} {L L T} {L T} {T} {L T} {T} {W} {T}
+        assert (r.supplied_tokens, r.tokens, r.rounds, r.repaired_steps, r.false_accepts) == (total, total, 8, 0, 0)
+        # the drafted lookups ran in the live env: their observations are GPT-4o's recorded ones
+        assert len(observed) == 4 and all(m.content in recorded_obs for m in observed)  # user, reservation, search, think
 
 
 def test_the_bench_tells_a_likelihood_head_from_a_lora_head(tmp_path):
