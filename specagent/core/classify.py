@@ -87,8 +87,15 @@ def drafted(message: Message, read_only: dict[str, bool], malformed: str | None)
     return DraftedStep(message=message, kind=kind, malformed=malformed)
 
 
+def failed_call(observation: str | None) -> bool:
+    """Whether a tool observation reports a failed call (a bad id, a policy refusal, a
+    timeout): it starts with "Error", tau-bench's convention, which every environment here
+    follows."""
+    return (observation or "").startswith("Error")
+
+
 def changed_state(read_only: bool | None, observation: str) -> bool:
     """Whether a recorded call changed the state: a tool not known to be read-only (unknown
-    means write) whose result is not an error ("Error..."). Replay tracks state by these
+    means write) whose result is not an error (`failed_call`). Replay tracks state by these
     calls; tasks made from runs take them as gold."""
-    return not read_only and not observation.startswith("Error")
+    return not read_only and not failed_call(observation)

@@ -11,15 +11,6 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from specagent.core.types import Message, Segment, ToolCall, ToolSpec, Usage, Verdict
 
-# An environment reports a call that failed (a bad id, a policy refusal, a timeout) as an
-# observation with this prefix, tau-bench's convention, which every environment here follows.
-FAILED_CALL_PREFIX = "Error: "
-
-
-def failed_call(observation: str | None) -> bool:
-    """Whether a tool observation reports a failed call."""
-    return (observation or "").startswith(FAILED_CALL_PREFIX)
-
 
 @dataclass(frozen=True)
 class ModelCost:
@@ -154,7 +145,7 @@ class Environment(Protocol):
 
     def execute(self, call: ToolCall) -> str:
         """Run one tool call. Errors (bad ids, policy violations) come back as text starting
-        with `FAILED_CALL_PREFIX`."""
+        with "Error" (`classify.failed_call`)."""
         ...
 
     def is_terminal(self, call: ToolCall) -> bool:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from specagent.core.canonical import normalise_text, same_step
-from specagent.core.interfaces import ChatEngine, ChatRequest, failed_call
+from specagent.core.classify import failed_call
+from specagent.core.interfaces import ChatEngine, ChatRequest
 from specagent.core.types import DraftedStep, Message, StepKind, ToolSpec, Usage
 from specagent.core.verify import parse_verdict, verify_messages
 

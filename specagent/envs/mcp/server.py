@@ -23,9 +23,10 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from specagent.core.errors import ConfigError
-from specagent.core.interfaces import FAILED_CALL_PREFIX as ERROR_PREFIX
 from specagent.core.types import ToolCall, ToolSpec
 from specagent.envs.store import POLICY, StoreEnv
+
+ERROR_PREFIX = "Error: "
 
 
 def tools_server(name: str, specs: Sequence[ToolSpec], execute: Callable[[ToolCall], str],
