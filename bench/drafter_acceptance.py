@@ -20,7 +20,6 @@ drafted segment and by tool.
 
 from __future__ import annotations
 
-
 import argparse
 import dataclasses
 import json

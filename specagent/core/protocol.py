@@ -227,9 +227,9 @@ class EpisodeRunner:
             else:
                 bad = step.kind is StepKind.MALFORMED
                 self._record(step, "weak", StepStatus.MALFORMED if bad else StepStatus.REJECTED)
-        # a draft ended by a repeated lookup (draft_stop_repeats) held a next step it did not keep:
-        # S writes that step, as after a rejection (else a drafter that only repeats would stall)
-        all_in = accepted == len(segment.steps) and segment.partial is None and segment.ended_by != "repeat"
+        # a draft that dropped its next step (a repeated lookup, draft_stop_repeats): S writes that
+        # step, as after a rejection (else a drafter that only repeats would stall)
+        all_in = accepted == len(segment.steps) and segment.partial is None and not segment.dropped_step
         if not all_in:  # the strong model repairs step accepted+1, from a prefix of the verify prompt
             # the opening is of the step being repaired: a rejected verifiable step, or the unfinished
             # one after every drafted step was accepted (none follows a malformed step)

@@ -154,6 +154,12 @@ class DraftedStep:
         return tuple(c.name for c in self.message.tool_calls)
 
 
+# Draft endings at a step the drafter wrote but the draft did not keep (a lookup the replay log
+# never recorded; a lookup repeated, `draft_stop_repeats`): it counts as a drafted step that is
+# not accepted, and the strong model writes that step.
+DROPPED_STEP = ("unrecorded", "repeat")
+
+
 @dataclass(frozen=True)
 class Segment:
     """What one DRAFT phase produced from the committed context of ``context_len`` messages."""
@@ -168,6 +174,11 @@ class Segment:
     # its text so far. Never parsed, executed or committed; a verdict that reads it (a likelihood
     # verdict) names how much of it the strong model would write, and the repair goes on from there.
     partial: str | None = None
+
+    @property
+    def dropped_step(self) -> bool:
+        """The draft ended at a step the drafter wrote and the draft did not keep (`DROPPED_STEP`)."""
+        return self.ended_by in DROPPED_STEP
 
     @property
     def verifiable(self) -> tuple[DraftedStep, ...]:

@@ -162,8 +162,8 @@ class Walk:
         else:
             self._advance()
             # the strong model writes the next step after a rejection, an empty draft, or a draft
-            # ended by a repeated lookup (draft_stop_repeats: the runtime repairs there too)
-            refused = a < len(segment.steps) or not segment.steps or segment.ended_by == "repeat"
+            # that dropped its next step (a repeated lookup: the runtime repairs there too)
+            refused = a < len(segment.steps) or not segment.steps or segment.dropped_step
             if refused and self.pos < len(self.cuts):
                 record["repaired"] = self.cuts[self.pos]
                 self._set(self.pos, "repaired", record)

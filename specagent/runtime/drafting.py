@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from specagent.core.classify import classify_tools, step_kind
 from specagent.core.draft import DraftJob, draft_batch
 from specagent.core.interfaces import ChatEngine, Environment
-from specagent.core.types import DraftedStep, Message, Segment, StepKind, ToolCall, Trajectory, Usage
+from specagent.core.types import DROPPED_STEP, DraftedStep, Message, Segment, StepKind, ToolCall, Trajectory, Usage
 from specagent.records.segments import DraftedStepRecord, SegmentRecord
 from specagent.runtime.labelers import RolloutJob, judge_labels, match_labels, reference_steps, rollout_labels_many
 from specagent.runtime.progress import progress
@@ -301,7 +301,7 @@ def segment_stats(segments: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ended = Counter(s["ended_by"] for s in segments)
     for seg in segments:
         scored = [(step_tools(step), label) for step, label in zip(seg["steps"], seg["labels"])]
-        if seg["ended_by"] in ("unrecorded", "repeat"):  # shards mined before the field carry no names
+        if seg["ended_by"] in DROPPED_STEP:  # shards mined before the field carry no names
             scored.append((seg.get("unrecorded") or [seg["ended_by"]], 0))
         for pos, (names, label) in enumerate(scored, 1):
             drafted += 1
