@@ -207,12 +207,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from specagent.export import export, transformers_factory, vllm_factory
 
     opts = _options("ExportOptions", args, "run_dir", "out", "merge", "backend", "skip_smoke", "allow_degenerate",
-                    "quantize", "max_model_len", "cpu_engine_defaults")
+                    "quantize", "prune_vocab", "max_model_len", "cpu_engine_defaults")
     kwargs = {"enforce_eager": True, "block_size": 32} if opts.cpu_engine_defaults else {}
     factory = vllm_factory(kwargs) if opts.backend == "vllm" else transformers_factory
     export(opts.run_dir, opts.out, merge_model=opts.merge, smoke=not opts.skip_smoke, factory=factory,
            max_model_len=opts.max_model_len, backend=opts.backend, allow_degenerate=opts.allow_degenerate,
-           quantize=opts.quantize)
+           quantize=opts.quantize, prune_vocab=opts.prune_vocab)
     return 0
 
 
@@ -229,6 +229,9 @@ def _add_export_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", choices=get_args(Quantization),
                         help="a full model (a drafter cut from S): write model/ as int8 W8A8 (compressed-tensors, "
                              "served by vLLM: about half the bytes per token of its linear layers)")
+    parser.add_argument("--prune-vocab", action="store_true",
+                        help="a drafter (model/, or merged/ with --merge): keep only the tokens of its training "
+                             "rows in its embedding, LM head and tokenizer (a CPU decodes it faster)")
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--cpu-engine-defaults", action=argparse.BooleanOptionalAction, default=True,
                         help="vLLM on CPU: enforce_eager and block_size 32 (turn off on GPU)")

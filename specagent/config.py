@@ -523,6 +523,7 @@ class ExportOptions(Strict):
     skip_smoke: bool = False
     allow_degenerate: bool = False  # export a verdict head that accepts or rejects nearly every step
     quantize: Optional[Quantization] = None  # a full model's model/ as int8 W8A8 (served by vLLM)
+    prune_vocab: bool = False  # a drafter keeps only the tokens of its training rows (engines/vocab.py)
     max_model_len: int = Field(8192, gt=0)
     cpu_engine_defaults: bool = True  # vLLM on CPU: enforce_eager and block_size 32
 

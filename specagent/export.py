@@ -4,6 +4,8 @@
                        what `vllm --enable-lora --lora-modules NAME=<out>/adapter` and the
                        runtime (`drafter_adapter:` / `verifier.head:`) load
     <out>/merged/      optional (--merge): base + adapter merged into one full checkpoint
+                       (--prune-vocab: a drafter's model/ or merged/ keeps only the tokens of
+                       its training rows, engines/vocab.py)
     <out>/vllm.json    how to serve it (base model, LoRA name and rank, a server command)
     <out>/export.json  manifest: kind, sources, the smoke gate's figures
     <out>/README.md    model card: base model, data card summary, training config,
@@ -38,6 +40,9 @@ from specagent.records.segments import VerdictRow
 ADAPTER_NAME = "exported"
 CHANGED = 1e-3  # max |Δ log-prob| below which an adapter "changes nothing"
 MERGED_TOLERANCE = 0.3  # mean |Δ log-prob| merged vs base + adapter (bf16 engines differ by ~0.1)
+PRUNED_TOLERANCE = 1.0  # mean |Δ log-prob| pruned vs full vocabulary on a training example: -log of the mass
+# the full model keeps on the kept tokens (their logits are the same dot products; the quickstart's drafter: 0.04,
+# an untrained model spread over all 49,152 tokens: > 3; a wrong row or id mapping: many nats)
 QUANTIZED_TOLERANCE = 1.0  # mean |Δ log-prob| quantized vs float, over the probe's candidate tokens (int8 of
 # SmolLM2's 10-layer cut: 0.31; a broken quantization moves them by nats)
 
@@ -198,11 +203,13 @@ def merge(base_dir: str, adapter: Path, out: Path) -> None:
 
 def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smoke: bool = True,
            factory: EngineFactory | None = None, max_model_len: int = 8192, backend: str = "vllm",
-           allow_degenerate: bool = False, quantize: str | None = None) -> dict[str, Any]:
+           allow_degenerate: bool = False, quantize: str | None = None, prune_vocab: bool = False) -> dict[str, Any]:
     """Build the export in `<out>.partial`, gate it, then move it to `<out>`. Returns the manifest.
 
     ``quantize="w8a8"`` (a full model only): model/ holds the int8 W8A8 checkpoint
-    (engines/quantize.py); the gate also checks it scores like the float one it came from."""
+    (engines/quantize.py); the gate also checks it scores like the float one it came from.
+    ``prune_vocab`` (a drafter's model/, or merged/): only the tokens its training rows use
+    (engines/vocab.py), pruned before quantizing; the gate checks it scores like the full one."""
     from specagent.engines.models import materialize
     from specagent.runtime.provenance import versions
 
@@ -223,6 +230,11 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
     run["profile"].save(weights)  # the engines render its prompts with it
     if merge_model and run["full"]:
         raise ConfigError("--merge: this run trained a full model (model/); there is no adapter to merge")
+    if prune_vocab and (run["kind"] != "drafter" or not (run["full"] or merge_model)):
+        raise ConfigError("--prune-vocab: a drafter's full model (model/) or, for an adapter, with --merge")
+    vocab = None
+    if prune_vocab and run["full"]:
+        vocab = prune(run, weights, work / "model-full")
     if quantize:
         print(f"quantizing model/ ({quantize}) ...")
         from specagent.engines.quantize import quantize as quantize_model
@@ -233,23 +245,59 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
         print("merging the adapter into the base weights ...")
         merge(base_dir, work / "adapter", work / "merged")
         run["profile"].save(work / "merged")
+        if prune_vocab:
+            vocab = prune(run, work / "merged", work / "merged-full")
     manifest = ExportManifest(
         kind=run["kind"], base_model=base_model, base_dir=base_dir, source=str(run_dir.resolve()),
         lora_rank=run["lora"].get("r"), full_model=run["full"], merged=merge_model, quantization=quantize,
-        prompt_profile=asdict(run["profile"]), metrics=run["metrics"], versions=versions(),
+        vocab=vocab, prompt_profile=asdict(run["profile"]), metrics=run["metrics"], versions=versions(),
         trained_with=run["versions"],
     ).dump()
     (work / "vllm.json").write_text(json.dumps(serving_recipe(base_dir, manifest, out, max_model_len), indent=2))
     if smoke:
         smoke_figures = smoke_gate(run, work, base_dir, factory or vllm_factory(), max_model_len, backend)
         manifest = ExportManifest.parse({**manifest, "smoke": smoke_figures}, "export manifest").dump()
-    shutil.rmtree(work / "model-float", ignore_errors=True)
+    for scratch in ("model-float", "model-full", "merged-full"):
+        shutil.rmtree(work / scratch, ignore_errors=True)
     (work / "export.json").write_text(json.dumps(manifest, indent=2, default=str))
     (work / "README.md").write_text(model_card(manifest, run))
     shutil.rmtree(out, ignore_errors=True)
     work.rename(out)
     print(f"export: {out}  ({run['kind']}; smoke gate {'passed' if smoke else 'skipped'})")
     return manifest
+
+
+def prune(run: dict[str, Any], weights: Path, full: Path) -> dict[str, Any]:
+    """`weights` keeps only the tokens of the run's training rows; the full-vocabulary model
+    moves to `full` (the gate's reference, then deleted)."""
+    from specagent.engines.vocab import prune_model_dir
+
+    weights.rename(full)
+    texts = training_texts(run["config"].get("dataset"), str(full), run["profile"])
+    figures = prune_model_dir(full, weights, texts)
+    print(f"vocabulary: kept {figures['kept']} of {figures['vocab_size']} tokens (those of {len(texts)} training rows)")
+    return {"vocab_size": figures["vocab_size"], "kept": figures["kept"], "rows": len(texts)}
+
+
+def training_texts(dataset: Any, model_dir: str, profile: PromptProfile) -> list[str]:
+    """Every training and validation row of a drafter's dataset, rendered as the drafter reads it."""
+    from datasets import load_from_disk
+
+    from specagent.engines.render import load_tokenizer
+
+    if isinstance(dataset, list) or (dataset or "").endswith(".jsonl"):
+        from specagent.records.rows import trajectory_rows
+
+        splits = [trajectory_rows(dataset)]
+    elif dataset and Path(dataset).exists():
+        splits = list(load_from_disk(dataset).values())
+    else:
+        raise ConfigError(f"--prune-vocab: the training dataset {dataset!r} is not on disk; its rows decide "
+                          "which tokens the drafter keeps")
+    tokenizer = load_tokenizer(model_dir)
+    return [render_prompt(tokenizer, [Message.from_openai(m) for m in row["messages"]],
+                          [ToolSpec.from_openai(t) for t in row["tools"]], profile=profile)
+            for split in splits for row in split]
 
 
 def degenerate_check(run: dict[str, Any], allow: bool) -> None:
@@ -289,14 +337,23 @@ def smoke_gate(run: dict[str, Any], work: Path, base_dir: str, factory: EngineFa
                               f"{result['max_logprob_change']:.2e} vs the base model); was it trained?")
     result["backend"] = backend
     if (work / "merged").is_dir():
-        merged = factory(str(work / "merged"), {}, max_model_len)
+        pruned = (work / "merged-full").is_dir()  # --prune-vocab: merged/ is pruned, merged-full/ is not
+        merged = factory(str(work / ("merged-full" if pruned else "merged")), {}, max_model_len)
         try:
-            result["merged_mean_diff"] = mean_diff(tuned, probe(merged, None))
+            merged_probe = probe(merged, None)
+            result["merged_mean_diff"] = mean_diff(tuned, merged_probe)
         finally:
             merged.close()
         if result["merged_mean_diff"] > MERGED_TOLERANCE:
             raise SmokeGateFailed(f"smoke gate: the merged checkpoint differs from base + adapter (mean |Δ log-prob| "
                                   f"{result['merged_mean_diff']:.3f} > {MERGED_TOLERANCE})")
+        if pruned:
+            pruned_engine = factory(str(work / "merged"), {}, max_model_len)
+            try:
+                result["pruned_mean_diff"] = mean_diff(probe(pruned_engine, None), merged_probe)
+            finally:
+                pruned_engine.close()
+            pruned_gate(result["pruned_mean_diff"])
     print("smoke gate: " + json.dumps(result, default=str))
     return result
 
@@ -327,19 +384,35 @@ def full_model_gate(run: dict[str, Any], work: Path, base_dir: str, factory: Eng
         source.close()
     if result["max_logprob_change"] < CHANGED:
         raise SmokeGateFailed("smoke gate: the model scores exactly like the one it was trained from; was it trained?")
+    unquantized = tuned
     if (work / "model-float").is_dir():  # --quantize: the int8 model against the float one it came from
         float_engine = factory(str((work / "model-float").resolve()), {}, max_model_len)
         try:
-            result["quantized_mean_diff"] = mean_diff(tuned, prompt_probe(request)(float_engine, None))
+            unquantized = prompt_probe(request)(float_engine, None)
+            result["quantized_mean_diff"] = mean_diff(tuned, unquantized)
             result["float_weight_bytes"] = float_engine.cost.weight_bytes
         finally:
             float_engine.close()
         if result["quantized_mean_diff"] > QUANTIZED_TOLERANCE:
             raise SmokeGateFailed(f"smoke gate: the quantized model scores unlike the float one (mean |Δ log-prob| "
                                   f"{result['quantized_mean_diff']:.3f} > {QUANTIZED_TOLERANCE})")
+    if (work / "model-full").is_dir():  # --prune-vocab: the pruned model against the full-vocabulary one
+        full_engine = factory(str((work / "model-full").resolve()), {}, max_model_len)
+        try:
+            result["pruned_mean_diff"] = mean_diff(unquantized, prompt_probe(request)(full_engine, None))
+            result["full_vocab_weight_bytes"] = full_engine.cost.weight_bytes
+        finally:
+            full_engine.close()
+        pruned_gate(result["pruned_mean_diff"])
     result["backend"] = backend
     print("smoke gate: " + json.dumps(result, default=str))
     return result
+
+
+def pruned_gate(diff: float) -> None:
+    if diff > PRUNED_TOLERANCE:
+        raise SmokeGateFailed(f"smoke gate: the pruned model scores unlike the full-vocabulary one (mean |Δ log-prob| "
+                              f"{diff:.3f} > {PRUNED_TOLERANCE}): its training rows miss tokens it puts its mass on")
 
 
 def serving_recipe(base_dir: str, manifest: dict[str, Any], out: Path, max_model_len: int) -> dict[str, Any]:

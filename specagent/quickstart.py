@@ -50,6 +50,7 @@ class StageConfig(Strict):
     merge: bool = False
     backend: Literal["vllm", "transformers"] = "vllm"
     quantize: Optional[Quantization] = None
+    prune_vocab: bool = False
 
 
 class PipelineConfig(Strict):
@@ -70,6 +71,7 @@ def stage_plan(stage: StageConfig, base: Path) -> tuple[list[str], Path, str]:
             raise ConfigError("an export stage needs `from` and `to`")
         argv = ["export", stage.from_, "-o", stage.to, "--backend", stage.backend] + (["--merge"] if stage.merge else [])
         argv += ["--quantize", stage.quantize] if stage.quantize else []
+        argv += ["--prune-vocab"] if stage.prune_vocab else []
         return argv, Path(stage.to) / "export.json", f"export {stage.to}"
     if not stage.config:
         raise ConfigError(f"stage {stage.command!r} needs a `config`")

@@ -37,6 +37,7 @@ class ExportManifest(Record):
     full_model: bool = False  # model/ (a full checkpoint) instead of adapter/
     merged: bool = False
     quantization: Optional[str] = None  # model/ quantized by `export --quantize` (e.g. w8a8)
+    vocab: Optional[dict[str, Any]] = None  # `export --prune-vocab`: vocab_size, kept, rows
     prompt_profile: dict[str, Any]  # engines.render.PromptProfile, as saved beside the weights
     metrics: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, Any] = Field(default_factory=dict)

@@ -163,3 +163,21 @@ def test_the_server_command_in_vllm_json_serves_the_adapter_with_tool_calls(tmp_
         os.killpg(server.pid, 15)
         server.wait(timeout=60)
         log.close()
+
+
+def test_a_merged_drafter_pruned_to_its_rows_tokens_scores_like_base_plus_adapter(tmp_path, mined, smollm2_dir,
+                                                                                  smollm2_lora):
+    """SmolLM2 + a LoRA, merged, then pruned to the tokens of its training rows: the merged
+    checkpoint still reproduces base + adapter, and the pruned one scores like it (the untuned
+    SmolLM2 keeps ~half its mass on these few rows' tokens; a trained drafter nearly all)."""
+    from transformers import AutoTokenizer
+
+    source = run_dir(tmp_path, "train", smollm2_lora, mined / "drafter", smollm2_dir)
+    manifest = export(source, tmp_path / "export", merge_model=True, prune_vocab=True, factory=transformers_factory,
+                      max_model_len=8192, backend="transformers")
+    merged = tmp_path / "export" / "merged"
+    assert manifest["vocab"]["kept"] == len(AutoTokenizer.from_pretrained(merged)) < 49152 // 4
+    assert json.loads((merged / "config.json").read_text())["vocab_size"] == manifest["vocab"]["kept"]
+    smoke = manifest["smoke"]
+    assert smoke["merged_mean_diff"] < 0.05 and 0 < smoke["pruned_mean_diff"] < 1.0
+    assert not (tmp_path / "export" / "merged-full").exists()

@@ -246,3 +246,35 @@ def test_vllm_serves_a_quantized_cut_and_counts_its_int8_bytes(smollm2_dir, tmp_
     scales = 2 * sum(m.weight.shape[0] for n, m in cut.named_modules() if n.endswith("proj"))
     assert figures["q"][0] == 2 * (embed + norms) + linear + scales
     assert figures["q"][1] > 0
+
+
+def test_a_pruned_cut_keeps_its_rows_tokens_and_the_gate_refuses_a_model_spread_over_all(mined, strong_dir, tmp_path):
+    """`export --prune-vocab`: model/ keeps only the tokens of the drafter's training rows (its
+    embedding and tokenizer shrink with them). An untrained tiny model spreads its mass over the
+    whole vocabulary, so the pruned one scores unlike it and the gate refuses it."""
+    from transformers import AutoTokenizer
+
+    from specagent.core.errors import ConfigError
+    from specagent.engines.transformers_engine import TransformersEngine
+    from specagent.export import SmokeGateFailed, export, transformers_factory
+    from specagent.train.drafter import train_drafter
+
+    train_drafter(drafter_cfg(mined, tmp_path, f"model={strong_dir}", "from_layers=2", "lora=null",
+                              "train.max_steps=1", "max_length=4096"))
+    with pytest.raises(SmokeGateFailed, match="training rows miss tokens"):
+        export(tmp_path / "out", tmp_path / "export", factory=transformers_factory, backend="transformers",
+               prune_vocab=True)
+    assert not (tmp_path / "export").exists()
+    manifest = export(tmp_path / "out", tmp_path / "export", smoke=False, prune_vocab=True)
+    model = tmp_path / "export" / "model"
+    kept = manifest["vocab"]["kept"]
+    assert 256 < kept < manifest["vocab"]["vocab_size"] == len(AutoTokenizer.from_pretrained(strong_dir))
+    assert json.loads((model / "config.json").read_text())["vocab_size"] == kept == len(AutoTokenizer.from_pretrained(model))
+    assert not (tmp_path / "export" / "model-full").exists()
+    drafter = TransformersEngine(str(model))
+    assert drafter.cost.weight_bytes == loaded_bytes(drafter.model)
+    assert drafter.profile_for(None) == PROFILES["compact"]
+    train_drafter(drafter_cfg(mined, tmp_path, f"model={strong_dir}", "output_dir=" + str(tmp_path / "lora"),
+                              "train.max_steps=1", "max_length=4096"))
+    with pytest.raises(ConfigError, match="--prune-vocab"):
+        export(tmp_path / "lora", tmp_path / "export-lora", prune_vocab=True)
