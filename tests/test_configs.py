@@ -95,7 +95,8 @@ def test_the_full_quickstart_is_the_multi_turn_recipe_without_its_first_drafter(
     """`specagent quickstart --full`: the stages of configs/quickstart/multi_turn.yaml that build
     the lead table's pair (S for both user modes, its drafter distilled from S's own runs, int8)
     in the same order with the same configs, then the lead table's eval of that pair; the first
-    drafter (from demonstrations) and its eval are left out."""
+    drafter (from demonstrations) and its eval are left out. The drafter is int8 and pruned to
+    the tokens of its training rows."""
     from specagent.cli import FULL_PIPELINE
     from specagent.quickstart import PipelineConfig, report_paths, stage_plan
 
@@ -106,7 +107,7 @@ def test_the_full_quickstart_is_the_multi_turn_recipe_without_its_first_drafter(
     plans = [stage_plan(stage, FULL.parent) for stage in full]  # each stage's config validates
     assert [argv[0] for argv, _, _ in plans] == ["collect", "collect", "train", "export", "collect", "collect",
                                                  "train", "export", "eval"]
-    assert plans[7][0][-2:] == ["--quantize", "w8a8"]
+    assert plans[7][0][-3:] == ["--quantize", "w8a8", "--prune-vocab"]
     latency = load_config(EvalConfig, FULL.parent / full[-1].config)
     distilled = load_config(DrafterTrainConfig, FULL.parent / full[6].config)
     assert latency.concurrency == 1 and latency.env.split == "eval" and latency.env.user == "ticket"
