@@ -479,6 +479,9 @@ def model_card(manifest: dict[str, Any], run: dict[str, Any]) -> str:
                                               if manifest.get("quantization") else "") if manifest["full_model"] else
          f"- LoRA rank {manifest['lora_rank']}; adapter in `adapter/`"
          + ("; merged checkpoint in `merged/`" if manifest["merged"] else "")),
+        *([f"- vocabulary pruned to the {manifest['vocab']['kept']:,} of {manifest['vocab']['vocab_size']:,} tokens "
+           f"its {manifest['vocab']['rows']:,} training rows need (its own tokenizer; `export --prune-vocab`)"]
+          if manifest.get("vocab") else []),
         f"- prompt profile `{manifest['prompt_profile']['name']}` (saved with the weights; the engines apply it)",
         f"- trained from `{manifest['source']}`",
         f"- specagent git SHA `{versions.get('git_sha')}`; " + ", ".join(

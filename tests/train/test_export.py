@@ -181,3 +181,5 @@ def test_a_merged_drafter_pruned_to_its_rows_tokens_scores_like_base_plus_adapte
     smoke = manifest["smoke"]
     assert smoke["merged_mean_diff"] < 0.05 and 0 < smoke["pruned_mean_diff"] < 1.0
     assert not (tmp_path / "export" / "merged-full").exists()
+    assert f"vocabulary pruned to the {manifest['vocab']['kept']:,} of 49,152 tokens" in \
+        (tmp_path / "export" / "README.md").read_text()
