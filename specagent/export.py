@@ -221,6 +221,8 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
                           "with `from_layers`, which writes model/)")
     if quantize and smoke and backend != "vllm":
         raise ConfigError("--quantize: the quantized checkpoint is served by vLLM; gate it with --backend vllm")
+    if prune_vocab and (run["kind"] != "drafter" or not (run["full"] or merge_model)):
+        raise ConfigError("--prune-vocab: a drafter's full model (model/) or, for an adapter, with --merge")
     base_model, gguf = run["config"].get("model", "smollm2"), run["config"].get("gguf_file")
     base_dir = materialize(base_model, gguf)
     work = out.with_name(out.name + ".partial")
@@ -230,8 +232,6 @@ def export(run_dir: str | Path, out: str | Path, merge_model: bool = False, smok
     run["profile"].save(weights)  # the engines render its prompts with it
     if merge_model and run["full"]:
         raise ConfigError("--merge: this run trained a full model (model/); there is no adapter to merge")
-    if prune_vocab and (run["kind"] != "drafter" or not (run["full"] or merge_model)):
-        raise ConfigError("--prune-vocab: a drafter's full model (model/) or, for an adapter, with --merge")
     vocab = None
     if prune_vocab and run["full"]:
         vocab = prune(run, weights, work / "model-full")

@@ -278,3 +278,4 @@ def test_a_pruned_cut_keeps_its_rows_tokens_and_the_gate_refuses_a_model_spread_
                               "train.max_steps=1", "max_length=4096"))
     with pytest.raises(ConfigError, match="--prune-vocab"):
         export(tmp_path / "lora", tmp_path / "export-lora", prune_vocab=True)
+    assert not (tmp_path / "export-lora.partial").exists()  # refused before anything is built
