@@ -105,18 +105,23 @@ def read_run(run_dir: Path) -> dict[str, Any]:
             "versions": load(run_dir / "versions.json"), "lora": load(adapter / "adapter_config.json")}
 
 
-def sample_row(dataset: str | None) -> dict[str, Any]:
-    """A validation example (else a training one) of the dataset the adapter was trained on."""
-    from datasets import load_from_disk
-
-    if isinstance(dataset, list) or (dataset or "").endswith(".jsonl"):  # trajectories files: the first run
+def dataset_splits(dataset: Any, why: str) -> dict[str, Any]:
+    """The named splits of the dataset a run trained on: a trajectories file (or list of them)
+    is one `train` split; a datasets dir gives its own. `why` says what needs it, for the error."""
+    if isinstance(dataset, list) or (dataset or "").endswith(".jsonl"):
         from specagent.records.rows import trajectory_rows
 
-        return trajectory_rows(dataset)[0]
+        return {"train": trajectory_rows(dataset)}
     if not dataset or not Path(dataset).exists():
-        raise ConfigError(f"smoke gate: the training dataset {dataset!r} is not on disk; it supplies the smoke "
-                          "example (or pass --skip-smoke)")
-    data = load_from_disk(dataset)
+        raise ConfigError(f"the training dataset {dataset!r} is not on disk; {why}")
+    from datasets import load_from_disk
+
+    return dict(load_from_disk(dataset))
+
+
+def sample_row(dataset: str | None) -> dict[str, Any]:
+    """A validation example (else a training one) of the dataset the adapter was trained on."""
+    data = dataset_splits(dataset, "it supplies the smoke gate's example (or pass --skip-smoke)")
     split = data["validation"] if "validation" in data and len(data["validation"]) else data["train"]
     return split[0]
 
@@ -280,24 +285,14 @@ def prune(run: dict[str, Any], weights: Path, full: Path) -> dict[str, Any]:
 
 
 def training_texts(dataset: Any, model_dir: str, profile: PromptProfile) -> list[str]:
-    """Every training and validation row of a drafter's dataset, rendered as the drafter reads it."""
-    from datasets import load_from_disk
-
+    """Every row of every split of a drafter's dataset, rendered as the drafter reads it."""
     from specagent.engines.render import load_tokenizer
 
-    if isinstance(dataset, list) or (dataset or "").endswith(".jsonl"):
-        from specagent.records.rows import trajectory_rows
-
-        splits = [trajectory_rows(dataset)]
-    elif dataset and Path(dataset).exists():
-        splits = list(load_from_disk(dataset).values())
-    else:
-        raise ConfigError(f"--prune-vocab: the training dataset {dataset!r} is not on disk; its rows decide "
-                          "which tokens the drafter keeps")
+    splits = dataset_splits(dataset, "--prune-vocab keeps the tokens of its rows")
     tokenizer = load_tokenizer(model_dir)
     return [render_prompt(tokenizer, [Message.from_openai(m) for m in row["messages"]],
                           [ToolSpec.from_openai(t) for t in row["tools"]], profile=profile)
-            for split in splits for row in split]
+            for split in splits.values() for row in split]
 
 
 def degenerate_check(run: dict[str, Any], allow: bool) -> None:
